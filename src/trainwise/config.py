@@ -1,0 +1,307 @@
+"""The whole description of a run: one pydantic model with a section per concern.
+
+Every field carries a description; the CLI and the error messages quote them. Recipes are YAML files of
+this shape; the command line overrides any field with a dotted key: `optim.lr=3e-4 train.max_steps=200`.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainwise.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str | None = Field("mlp", description="Built-in model: `cnn` (images) or `mlp` (tables). "
+                             "Ignored when `factory` is set.")
+    factory: str | None = Field(None, description="Your own model as `package.module:function`; it is called "
+                                "with `args` (and `data_spec=` when it accepts it) and returns an nn.Module.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model builder "
+                                 "(built-ins: hidden sizes, `dropout`, ...).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory "
+                                         "(built-in models; torch.utils.checkpoint, use_reentrant=False).")
+    compile: bool = Field(False, description="Wrap the model in torch.compile.")
+
+
+class DataConfig(Section):
+    name: str | None = Field("digits", description="Built-in data set: `digits`, `breast_cancer`, or "
+                             "`prepared` (a directory written by `trainwise prepare`, see `path`).")
+    factory: str | None = Field(None, description="Your own data as `package.module:function` returning a "
+                                "trainwise.DataBundle; called with `args` and `seed=`.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the data builder.")
+    path: str | None = Field(None, description="Prepared dataset directory (from `trainwise prepare`).")
+    val_fraction: float = Field(0.15, ge=0.0, lt=1.0, description="Share of the data held out for validation.")
+    test_fraction: float = Field(0.15, ge=0.0, lt=1.0, description="Share held out for the final test.")
+    augment: bool = Field(False, description="Random training-time augmentation (built-in data: small shifts "
+                          "for images, feature noise for tables).")
+    num_workers: int | Literal["auto"] = Field(0, description="DataLoader worker processes; `auto` picks from "
+                                               "cores and device.")
+    pin_memory: bool | Literal["auto"] = Field("auto", description="Pin host memory for faster copies to GPU.")
+
+    @model_validator(mode="after")
+    def _fractions_leave_training_data(self) -> "DataConfig":
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(f"val_fraction + test_fraction = {self.val_fraction + self.test_fraction:g} "
+                             "leaves under 10% for training; keep their sum below 0.9")
+        return self
+
+
+class OptimConfig(Section):
+    name: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (after warmup).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw) or L2 (adam, sgd).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+
+
+class ScheduleConfig(Section):
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup from 0 to `optim.lr`.")
+    warmup_fraction: float | None = Field(None, ge=0, lt=1, description="Warmup as a share of all steps "
+                                          "(replaces warmup_steps when set).")
+    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR shape after warmup.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR as a share of the peak.")
+
+
+class TrainConfig(Section):
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps to run (wins over epochs).")
+    epochs: float | None = Field(None, gt=0, description="Passes over the training data, when max_steps "
+                                 "is not set.")
+    batch_size: int = Field(32, gt=0, description="Effective batch: samples per optimizer step.")
+    micro_batch_size: int | None = Field(None, gt=0, description="Samples per forward/backward; "
+                                         "batch_size / micro_batch_size micro-batches are accumulated. "
+                                         "Default: batch_size.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 where the "
+                                                                "device supports it, fp16 on older CUDA cards, "
+                                                                "fp32 otherwise.")
+    device: str = Field("auto", description="`auto` (cuda > mps > cpu), or a torch device such as `cuda:1`.")
+    grad_clip_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this "
+                                         "(None: no clipping; the norm is logged either way).")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="Label smoothing for classification loss.")
+    log_every: int = Field(10, gt=0, description="Optimizer steps between metric lines (and device syncs).")
+    tf32: bool = Field(True, description="Allow TF32 matmuls on Ampere and newer cards in fp32.")
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.batch_size // (self.micro_batch_size or self.batch_size)
+
+    @model_validator(mode="after")
+    def _batch_sizes_agree(self) -> "TrainConfig":
+        micro = self.micro_batch_size or self.batch_size
+        if micro > self.batch_size:
+            raise ValueError(f"micro_batch_size ({micro}) is larger than batch_size ({self.batch_size}); "
+                             "the micro-batch is the part of the batch that fits, so it must be ≤ batch_size")
+        if self.batch_size % micro:
+            raise ValueError(f"batch_size ({self.batch_size}) is not a multiple of micro_batch_size ({micro}); "
+                             f"try micro_batch_size={_largest_divisor_at_most(self.batch_size, micro)}")
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("set train.max_steps or train.epochs to bound the run")
+        return self
+
+
+class EarlyStoppingConfig(Section):
+    enabled: bool = Field(False, description="Stop when the monitored metric stops improving.")
+    patience: int = Field(5, gt=0, description="Evaluations without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as an improvement.")
+    restore_best: bool = Field(True, description="Put the best weights back at the end of training.")
+
+
+class EvalConfig(Section):
+    every_steps: int | None = Field(None, gt=0, description="Evaluate on validation every N optimizer steps.")
+    every_epoch: bool = Field(True, description="Evaluate at the end of every epoch.")
+    monitor: str = Field("val/loss", description="Metric that decides `best` and early stopping, "
+                         "as `val/<metric>` (loss, accuracy, balanced_accuracy, mae, ...).")
+    mode: Literal["min", "max", "auto"] = Field("auto", description="Whether lower or higher is better; "
+                                                "`auto`: min for loss/error metrics, max otherwise.")
+    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:
+        if self.mode != "auto":
+            return self.mode
+        metric = self.monitor.split("/")[-1]
+        return "min" if any(word in metric for word in ("loss", "error", "mae", "rmse", "mse")) else "max"
+
+
+class CheckpointConfig(Section):
+    every_steps: int | None = Field(None, gt=0, description="Write a checkpoint every N optimizer steps "
+                                    "(it is always written after each evaluation and at the end).")
+    keep_last: int = Field(3, ge=1, description="Step checkpoints to keep; `last` and `best` are kept apart.")
+
+
+class TelemetryConfig(Section):
+    enabled: bool = Field(True, description="Record GPU and host telemetry to system.jsonl while training.")
+    interval_s: float = Field(2.0, gt=0, description="Seconds between telemetry samples.")
+    temperature_warn_c: float = Field(80.0, description="GPU temperature that raises a warning event.")
+    temperature_fail_c: float = Field(90.0, description="GPU temperature that raises an error event.")
+    starvation_util_below: float = Field(50.0, ge=0, le=100, description="GPU utilisation (%) under which, "
+                                         "with a high data wait, the run is called data-starved.")
+    starvation_wait_above: float = Field(0.3, ge=0, le=1, description="Share of step time spent waiting "
+                                         "for data above which the loader is suspected.")
+
+
+class RunConfig(Section):
+    """One training run, every default filled in. Written to RUN/config.yaml before step 1."""
+
+    seed: int = Field(0, description="Seeds python, numpy and torch, the data split and the data order.")
+    name: str | None = Field(None, description="A label for reports and comparisons.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(max_steps=100))
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "RunConfig":
+        steps = self.train.max_steps
+        if steps is not None and self.schedule.warmup_fraction is None and self.schedule.warmup_steps >= steps:
+            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be smaller than "
+                             f"train.max_steps ({steps}); or set schedule.warmup_fraction")
+        return self
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML recipe, apply `key=value` overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file.")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of sections (model:, data:, train:, ...), "
+                          f"not a {type(raw).__name__}.")
+    return config_from_dict(raw, source=str(path), overrides=overrides)
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str = "config",
+                     overrides: list[str] | None = None) -> RunConfig:
+    raw = _deep_copy(raw)
+    for item in overrides or []:
+        apply_override(raw, item)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set `a.b.c=value` in a raw config mapping; the value is read as YAML (numbers, lists, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: write it as key=value, for example optim.lr=3e-4.")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    _check_key_path(parts, item)
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = parse_value(text)
+
+
+def parse_value(text: str) -> Any:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def dump_yaml(config: RunConfig) -> str:
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def field_description(dotted: str) -> str | None:
+    """The description of a field such as `optim.lr`, for help and error messages."""
+    model: type[BaseModel] = RunConfig
+    info = None
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = info.annotation  # type: ignore[assignment]
+    return info.description if info else None
+
+
+# ---- messages -----------------------------------------------------------------------------------------
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for item in error.errors():
+        loc = [str(p) for p in item["loc"]]
+        where = ".".join(loc) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key.{_suggestion(loc)}")
+            continue
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "literal_error":
+            message = f"{message} (got {item.get('input')!r})"
+        description = field_description(".".join(p for p in loc if not p.isdigit()))
+        hint = f"\n    ({description})" if description else ""
+        lines.append(f"  {where}: {message}{hint}")
+    return "\n".join(lines)
+
+
+def _check_key_path(parts: list[str], item: str) -> None:
+    model: Any = RunConfig
+    for depth, part in enumerate(parts):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return  # inside a free mapping such as model.args
+        if part not in model.model_fields:
+            raise ConfigError(f"override {item!r}: unknown key {'.'.join(parts[:depth + 1])!r}."
+                              f"{_suggestion(parts[:depth + 1])}")
+        annotation = model.model_fields[part].annotation
+        model = annotation
+
+
+def _suggestion(loc: list[str]) -> str:
+    model: Any = RunConfig
+    for part in loc[:-1]:
+        if isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
+            model = model.model_fields[part].annotation
+        else:
+            return ""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.5)
+    prefix = ".".join(loc[:-1])
+    where = f" in {prefix}" if prefix else ""
+    if close:
+        return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
+    return f" Allowed{where}: {', '.join(names)}."
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, limit + 1) if n % d == 0)
+
+
+def _deep_copy(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return {k: _deep_copy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_deep_copy(v) for v in raw]
+    return raw

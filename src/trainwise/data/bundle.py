@@ -1,0 +1,99 @@
+"""What a data builder hands the trainer: the splits, and what a model needs to know about them.
+
+A batch is `(inputs, targets)`. Built-in and prepared datasets fetch a whole batch at once (`__getitems__`),
+so the loader does no per-sample Python work; any other torch Dataset that returns `(input, target)` pairs
+works too, collated by torch's default collate.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch.utils.data import Dataset
+
+from trainwise.errors import DataError
+
+Task = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model builder may ask about the data, known without loading a batch."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int | None
+    task: Task = "classification"
+    input_dtype: torch.dtype = torch.float32
+    class_names: tuple[str, ...] | None = None
+    num_train: int = 0
+
+
+@dataclass
+class DataBundle:
+    """The splits of one data set. `augment` runs on each training batch, on the device, with torch's RNG."""
+
+    train: Dataset
+    val: Dataset | None
+    test: Dataset | None
+    spec: DataSpec
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None
+    notes: dict[str, object] = field(default_factory=dict)
+
+
+class ArrayDataset(Dataset):
+    """Samples held as two tensors; indexing with a list of indices returns the collated batch."""
+
+    batched = True  # the loader passes batches through untouched
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        if len(inputs) != len(targets):
+            raise DataError(f"{len(inputs)} inputs but {len(targets)} targets; they must pair up.")
+        self.inputs = inputs
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        return self.inputs[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int]):
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.inputs[index], self.targets[index]
+
+
+def dataset_targets(dataset: Dataset) -> torch.Tensor | None:
+    """All targets of a dataset when it exposes them (`.targets`), else by reading every sample."""
+    targets = getattr(dataset, "targets", None)
+    if targets is not None:
+        return torch.as_tensor(targets)
+    try:
+        return torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))])  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def check_labels(bundle: DataBundle) -> None:
+    """Refuse class labels outside [0, num_classes) before training, naming the label and where it is."""
+    spec = bundle.spec
+    if spec.task != "classification" or spec.num_classes is None:
+        return
+    for split in ("train", "val", "test"):
+        dataset = getattr(bundle, split)
+        if dataset is None:
+            continue
+        targets = dataset_targets(dataset)
+        if targets is None:
+            continue
+        if targets.is_floating_point() and not torch.equal(targets, targets.round()):
+            raise DataError(f"{split} split: classification targets must be whole class indices, "
+                            f"found {targets[targets != targets.round()][0].item()!r}.")
+        bad = (targets < 0) | (targets >= spec.num_classes)
+        if bad.any():
+            position = int(bad.nonzero()[0])
+            raise DataError(
+                f"{split} split: label {int(targets[position])} at sample {position} is outside the "
+                f"{spec.num_classes} classes (0..{spec.num_classes - 1}); {int(bad.sum())} labels are out "
+                "of range. Fix the labels, or set the number of classes to cover them.")
