@@ -1,0 +1,3 @@
+from trainwise.cli import main
+
+main()

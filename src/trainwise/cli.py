@@ -1,0 +1,112 @@
+"""The `trainwise` command: one Typer app. Each command parses its arguments, calls one function of the
+package that owns the work, and prints. A TrainwiseError becomes its message and exit code 2."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainwise.errors import TrainwiseError
+
+app = typer.Typer(
+    name="trainwise",
+    help="Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+OVERRIDES_HELP = "Dotted overrides of the recipe, e.g. optim.lr=3e-4 train.max_steps=200."
+
+
+@app.command()
+def recipes() -> None:
+    """List the built-in recipes."""
+    from trainwise.recipes import list_recipes
+
+    table = Table("recipe", "what it trains", box=None)
+    for name, description in list_recipes().items():
+        table.add_row(name, description.split(":", 1)[-1].strip())
+    console.print(table)
+
+
+@app.command()
+def train(
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+) -> None:
+    """Train a recipe into a new run directory."""
+    from trainwise.recipes import load_recipe
+    from trainwise.train.run import train_run
+
+    config = load_recipe(recipe, overrides or [])
+    run = train_run(config, out, overwrite=overwrite)
+    _print_outcome(run.read_summary(), run.path)
+
+
+@app.command()
+def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`.")) -> None:
+    """Continue a run from its last checkpoint with its saved config."""
+    from trainwise.train.run import resume_run
+
+    run = resume_run(run_dir)
+    _print_outcome(run.read_summary(), run.path)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+) -> None:
+    """Train the `digits` recipe, evaluate it on its test split and say where the results are."""
+    from trainwise.train.run import demo_run
+
+    demo_run(out, overwrite=overwrite, console=console)
+
+
+def _print_outcome(summary: dict, path: Path) -> None:
+    status = summary.get("status", "?")
+    best = summary.get("best") or {}
+    line = f"[bold]{status}[/] after {summary.get('steps', 0)} steps"
+    if best.get("value") is not None:
+        line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
+    console.print(line)
+    if summary.get("message"):
+        console.print(summary["message"])
+    console.print(f"run directory: {path}")
+
+
+def _register_rooms() -> None:
+    from trainwise.data import commands as data_commands
+    from trainwise.doctor import commands as doctor_commands
+    from trainwise.evaluate import commands as evaluate_commands
+    from trainwise.plan import commands as plan_commands
+    from trainwise.telemetry import commands as telemetry_commands
+
+    for room in (plan_commands, doctor_commands, telemetry_commands, data_commands, evaluate_commands):
+        room.register(app)
+
+
+_register_rooms()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except TrainwiseError as error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except __import__("click").exceptions.ClickException as e:
+        e.show()
+        sys.exit(2)
