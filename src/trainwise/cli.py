@@ -66,7 +66,7 @@ def demo(
     overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
 ) -> None:
     """Train the `digits` recipe, evaluate it on its test split and say where the results are."""
-    from trainwise.train.run import demo_run
+    from trainwise.demo import demo_run
 
     demo_run(out, overwrite=overwrite, console=console)
 

@@ -49,19 +49,26 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike, *, overwrite: bool = False) -> "RunDir":
         """A new, empty run directory. An existing non-empty one is refused unless `overwrite`."""
-        path = Path(path)
+        return cls(path).initialise(overwrite=overwrite)
+
+    def initialise(self, *, overwrite: bool = False) -> "RunDir":
+        """Make this (not yet existing, or empty) directory on disk; see `create`."""
+        self.refuse_existing(self.path, overwrite=overwrite)
+        if self.path.is_dir() and any(self.path.iterdir()):
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @staticmethod
+    def refuse_existing(path: Path, *, overwrite: bool) -> None:
+        """Raise when creating a run at `path` would replace files the user did not ask to replace."""
         if path.exists() and not path.is_dir():
             raise RunDirError(f"{path} exists and is not a directory; choose another --out.")
-        if path.is_dir() and any(path.iterdir()):
-            if not overwrite:
-                raise RunDirError(
-                    f"{path} already holds files (a previous run?). Nothing was touched.\n"
-                    f"Choose another --out, `trainwise resume {path}` to continue it, or pass --overwrite "
-                    "to replace it."
-                )
-            shutil.rmtree(path)
-        path.mkdir(parents=True, exist_ok=True)
-        return cls(path)
+        if path.is_dir() and any(path.iterdir()) and not overwrite:
+            raise RunDirError(
+                f"{path} already holds files (a previous run?). Nothing was touched.\n"
+                f"Choose another --out, `trainwise resume {path}` to continue it, or pass --overwrite "
+                "to replace it.")
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":

@@ -1,0 +1,63 @@
+"""Checkpoints: everything needed to continue a run exactly where it was.
+
+model, optimizer, scheduler, scaler, early-stopping state, the RNG states (python, numpy, torch, CUDA) and
+the data position (epoch + batch). Written atomically by RunDir; read with `weights_only=True`, so loading a
+checkpoint never unpickles arbitrary objects.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainwise.errors import RunDirError
+
+FORMAT_VERSION = 1
+
+
+def capture_rng() -> dict[str, Any]:
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["position"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_writer(state: dict[str, Any]):
+    """A `write(file)` callable for RunDir.save_checkpoint."""
+    payload = {"format_version": FORMAT_VERSION, **state}
+    return lambda f: torch.save(payload, f)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise RunDirError(f"no checkpoint at {path}. A run writes one after each evaluation, every "
+                          "checkpoint.every_steps, and when it stops.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated file or a foreign pickle
+        raise RunDirError(f"{path} cannot be read as a trainwise checkpoint ({type(e).__name__}: {e}).") from None
+    if state.get("format_version") != FORMAT_VERSION:
+        raise RunDirError(f"{path} has checkpoint format {state.get('format_version')!r}; this trainwise reads "
+                          f"format {FORMAT_VERSION}.")
+    return state

@@ -1,0 +1,33 @@
+"""When the loss goes non-finite outside fp16: find the first module whose output did."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def first_nonfinite_module(model: nn.Module, run_forward: Callable[[], object]) -> tuple[str, str] | None:
+    """Re-run a forward pass with hooks; the (name, type) of the first module (in execution order) whose
+    output holds NaN or Inf, or None when every module's output is finite."""
+    found: list[tuple[str, str]] = []
+
+    def hook(name: str):
+        def check(module: nn.Module, inputs, output) -> None:
+            if found:
+                return
+            tensors = output if isinstance(output, (tuple, list)) else (output,)
+            if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()
+                   for t in tensors):
+                found.append((name or "(model)", type(module).__name__))
+        return check
+
+    # leaves first: hooks fire when a module finishes, so a leaf reports before the block that holds it
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
+    try:
+        run_forward()
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None

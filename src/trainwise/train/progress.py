@@ -1,0 +1,95 @@
+"""What the person at the terminal sees while training: a Rich progress bar on a TTY, plain periodic lines
+otherwise (logs, CI, nohup). TensorBoard events when it is installed."""
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from trainwise.train.callbacks import Callback
+
+
+def _describe(record: dict) -> str:
+    return (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['samples_per_s']:,.0f} samples/s  "
+            f"data wait {record['data_wait_fraction']:.0%}")
+
+
+class ProgressDisplay(Callback):
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.progress: Progress | None = None
+        self.task = None
+        self.started = 0.0
+
+    def on_fit_start(self, trainer) -> None:
+        self.started = time.perf_counter()
+        if self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                TextColumn("{task.description}"), TimeRemainingColumn(), console=self.console, transient=False)
+            self.progress.start()
+            self.task = self.progress.add_task("", total=trainer.max_steps, completed=trainer.step)
+        else:
+            self.console.print(f"training {trainer.max_steps} steps on {trainer.device} ({trainer.precision}); "
+                               f"run directory {trainer.run_dir.path}", highlight=False)
+
+    def on_step_end(self, trainer) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=trainer.step)
+
+    def on_log(self, trainer, record) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=_describe(record))
+            return
+        done = trainer.step / max(1, trainer.max_steps)
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / done - elapsed if done > 0 else float("nan")
+        self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record)}  eta {eta:.0f}s",
+                           highlight=False)
+
+    def on_eval(self, trainer, record) -> None:
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in record.items()
+                          if isinstance(v, float) and k not in ("time",))
+        message = f"step {record['step']} val: {shown}"
+        (self.progress.console if self.progress else self.console).print(message, highlight=False)
+
+    def on_fit_end(self, trainer, summary) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class TensorBoardLog(Callback):
+    """Mirror metrics.jsonl into TensorBoard event files (RUN/tensorboard) when tensorboard is installed."""
+
+    def __init__(self):
+        self.writer = None
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def on_fit_start(self, trainer) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(trainer.run_dir.tensorboard_dir()))
+
+    def _write(self, record: dict) -> None:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and key not in ("step", "epoch", "time"):
+                self.writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+    def on_log(self, trainer, record) -> None:
+        self._write(record)
+
+    def on_eval(self, trainer, record) -> None:
+        self._write(record)
+
+    def on_fit_end(self, trainer, summary) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,59 @@
+"""Runs from a config: build the data and the model it names, train into a run directory, resume one."""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainwise.config import RunConfig
+from trainwise.data.bundle import check_labels
+from trainwise.errors import RunDirError
+from trainwise.recipes.factories import build_data, build_model
+from trainwise.run import RunDir
+from trainwise.train.callbacks import Callback
+from trainwise.train.trainer import Trainer
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = ()) -> Trainer:
+    """Seed, build the data (bad labels are refused here), the model and the trainer. Nothing is written."""
+    seed_everything(config.seed)
+    bundle = build_data(config)
+    check_labels(bundle)
+    model = build_model(config, bundle.spec)
+    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
+                      data_spec=bundle.spec, augment=bundle.augment)
+    return trainer
+
+
+def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
+              callbacks: Sequence[Callback] = ()) -> RunDir:
+    """Train `config` into a new run directory `out` (refused when it holds files, unless `overwrite`)."""
+    run = RunDir(out)
+    RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
+    trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
+    run.initialise(overwrite=overwrite)
+    trainer.fit()
+    return trainer.run_dir
+
+
+def resume_run(path: str | Path, callbacks: Sequence[Callback] = ()) -> RunDir:
+    """Continue a run from its last checkpoint, with the config it was started with."""
+    run = RunDir.open(path)
+    if run.read_summary().get("status") == "completed":
+        raise RunDirError(f"{run.path} already completed; there is nothing to resume. Train a new run with "
+                          "more steps, or evaluate this one with `trainwise eval`.")
+    if not run.checkpoint_path("last").exists():
+        raise RunDirError(f"{run.path} has no checkpoint yet (it stopped before its first one); start it "
+                          f"again with `trainwise train ... --out {run.path} --overwrite`.")
+    trainer = build_trainer(run.read_config(), run, callbacks)
+    trainer.fit(resume=True)
+    return run

@@ -1,0 +1,41 @@
+"""Shared test helpers: small configs that train in a second or two on a CPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainwise.config import RunConfig, config_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**sections) -> RunConfig:
+    """breast-cancer MLP, a few dozen steps, no telemetry thread; sections override by merge."""
+    raw = {
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [16], "dropout": 0.0}},
+        "data": {"name": "breast_cancer", "val_fraction": 0.15, "test_fraction": 0.15},
+        "optim": {"name": "adamw", "lr": 0.003},
+        "train": {"max_steps": 30, "batch_size": 32, "log_every": 5},
+        "eval": {"every_steps": 10},
+        "telemetry": {"enabled": False},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values} if isinstance(values, dict) else values
+    return config_from_dict(raw, source="test")
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
+    """`python -m trainwise ARGS` in a subprocess; returns the CompletedProcess (never raises)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trainwise", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
