@@ -39,3 +39,26 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
 @pytest.fixture
 def cli():
     return run_cli
+
+
+class CliResult:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def invoke(capsys, *args: str) -> CliResult:
+    """Run the CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from trainwise.cli import main
+
+    capsys.readouterr()
+    argv = sys.argv
+    sys.argv = ["trainwise", *args]
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    return CliResult(code, captured.out, captured.err)

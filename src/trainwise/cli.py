@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from trainwise.errors import TrainwiseError
 
@@ -101,7 +102,8 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except TrainwiseError as error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
+        message = Text("error: ", style="bold red") + Text(str(error))
+        Console(stderr=True, soft_wrap=True).print(message, highlight=False)
         sys.exit(error.exit_code)
     except typer.Abort:
         sys.exit(130)

@@ -1,0 +1,92 @@
+"""`trainwise train / resume / recipes` as a user runs them, including every kind of bad input."""
+import json
+
+import pytest
+
+from tests.conftest import invoke, run_cli
+
+FAST = ["train.max_steps=30", "train.log_every=10", "eval.every_steps=10", "telemetry.enabled=false"]
+
+
+def _refused(result, *phrases):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in result.stderr, f"{phrase!r} not in:\n{result.stderr}"
+
+
+def test_train_writes_the_run_directory(tmp_path):
+    out = tmp_path / "bc"
+    result = run_cli("train", "breast-cancer", *FAST, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "completed after 30 steps" in result.stdout
+    for name in ("config.yaml", "metrics.jsonl", "events.jsonl", "summary.json", "model.safetensors"):
+        assert (out / name).is_file(), name
+    assert (out / "checkpoints" / "last.pt").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 30
+    # config.yaml is the resolved config: defaults filled in, overrides applied
+    assert "max_steps: 30" in (out / "config.yaml").read_text()
+    assert "micro_batch_size" in (out / "config.yaml").read_text()
+
+
+def test_an_existing_run_is_never_overwritten_silently(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    _refused(invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)), "already holds files", "--overwrite")
+    assert (out / "precious.txt").read_text() == "keep me"
+    assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out), "--overwrite").returncode == 0
+    assert not (out / "precious.txt").exists()
+
+
+def test_resume_of_a_completed_run_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)).returncode == 0
+    _refused(invoke(capsys, "resume", str(out)), "already completed")
+    _refused(invoke(capsys, "resume", str(tmp_path / "nope")), "not a run directory")
+
+
+@pytest.mark.parametrize("args, phrases", [
+    (["digitz"], ["unknown recipe 'digitz'", "Did you mean 'digits'", "breast-cancer"]),
+    (["digits", "optim.lrr=0.1"], ["unknown key 'optim.lrr'", "Did you mean 'lr'"]),
+    (["digits", "optim.lr=fast"], ["optim.lr", "valid number"]),
+    (["digits", "optim.name=lamb"], ["optim.name", "'adamw', 'adam' or 'sgd'"]),
+    (["digits", "train.micro_batch_size=128"], ["micro_batch_size (128) is larger than batch_size (64)"]),
+    (["digits", "schedule.warmup_steps=700"], ["warmup_steps (700) must be smaller than train.max_steps (600)"]),
+    (["digits", "model.factory=no_such_pkg.models:build"], ["model.factory", "cannot import module 'no_such_pkg.models'"]),
+    (["digits", "model.factory=build_it"], ["not of the form package.module:function"]),
+    (["digits", "model.args.widht=3"], ["model.args", "takes no argument 'widht'", "channels"]),
+    (["digits", "data.factory=tests.e2e.user_data:bad_labels", "model.name=mlp"],
+     ["label 7 at sample", "outside the 3 classes"]),
+])
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, args, phrases):
+    out = tmp_path / "never"
+    _refused(invoke(capsys, "train", *args, "--out", str(out)), *phrases)
+    assert not out.exists()  # nothing was created for a run that could not start
+
+
+def test_unknown_key_in_a_yaml_file_names_the_file(tmp_path, capsys):
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("train:\n  max_steps: 10\n  batchsize: 8\n")
+    _refused(invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "r")),
+             str(recipe), "train.batchsize: unknown key", "Did you mean 'batch_size'")
+
+
+def test_users_own_model_and_data_through_yaml(tmp_path, capsys):
+    recipe = tmp_path / "own.yaml"
+    recipe.write_text(
+        "model:\n  factory: tests.e2e.user_data:tiny_model\n  args: {width: 12}\n"
+        "data:\n  factory: tests.e2e.user_data:good\n"
+        "train: {max_steps: 12, batch_size: 16, log_every: 4}\n"
+        "eval: {every_steps: 6}\ntelemetry: {enabled: false}\n")
+    result = invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "own"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "own" / "summary.json").read_text())["steps"] == 12
+
+
+def test_recipes_and_help(capsys):
+    listed = invoke(capsys, "recipes")
+    assert listed.returncode == 0 and "digits" in listed.stdout and "breast-cancer" in listed.stdout
+    helped = run_cli("--help")
+    assert helped.returncode == 0 and "train" in helped.stdout and "resume" in helped.stdout
