@@ -14,6 +14,7 @@ from trainwise.errors import RunDirError
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.run import RunDir
 from trainwise.train.callbacks import Callback
+from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
 
 
@@ -38,9 +39,12 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
               callbacks: Sequence[Callback] = ()) -> RunDir:
     """Train `config` into a new run directory `out` (refused when it holds files, unless `overwrite`)."""
     run = RunDir(out)
-    RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
+    main = launched_ranks().is_main
+    if main:
+        RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
-    run.initialise(overwrite=overwrite)
+    if main:
+        run.initialise(overwrite=overwrite)
     trainer.fit()
     return trainer.run_dir
 

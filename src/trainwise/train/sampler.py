@@ -12,10 +12,14 @@ from torch.utils.data import Sampler
 
 
 class ResumableBatchSampler(Sampler[list[int]]):
-    """Yields `batches_per_epoch` micro-batches of indices; the last partial batch of an epoch is dropped."""
+    """Yields `batches_per_epoch` micro-batches of indices; the last partial batch of an epoch is dropped.
+
+    Under torchrun every rank draws the same permutation and takes every `world_size`-th micro-batch, so the
+    ranks together see each sample of an epoch once."""
 
     def __init__(self, num_samples: int, micro_batch_size: int, batches_per_epoch: int, seed: int,
-                 shuffle: bool = True):
+                 shuffle: bool = True, rank: int = 0, world_size: int = 1):
+        self.rank, self.world_size = rank, world_size
         self.num_samples = num_samples
         self.micro_batch_size = micro_batch_size
         self.batches_per_epoch = batches_per_epoch
@@ -38,7 +42,8 @@ class ResumableBatchSampler(Sampler[list[int]]):
         order = self.order(self.epoch)
         size = self.micro_batch_size
         for batch in range(self.start_batch, self.batches_per_epoch):
-            yield order[batch * size:(batch + 1) * size].tolist()
+            position = batch * self.world_size + self.rank
+            yield order[position * size:(position + 1) * size].tolist()
 
     def __len__(self) -> int:
         return self.batches_per_epoch - self.start_batch

@@ -11,22 +11,25 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.data.loader import build_loader, choose_loader_settings
-from trainwise.errors import DataError, TrainingError
+from trainwise.errors import ConfigError, DataError, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
 from trainwise.train.device import resolve_device
+from trainwise.train.distributed import FollowerRunDir, any_rank, gather_objects, init_distributed
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.evaluation import headline_metrics, predict
 from trainwise.train.nonfinite import first_nonfinite_module
@@ -46,19 +49,29 @@ class Trainer:
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
+        self.ranks = init_distributed()  # one process, or one rank of a torchrun job
         self.task = data_spec.task if data_spec else "classification"
         self.device = resolve_device(config.train.device)
         self.precision = resolve_precision(config.train.precision, self.device)
         self.tf32 = enable_tf32(self.device, config.train.tf32)
         self.model = model.to(self.device)
-        self.forward = torch.compile(self.model) if config.model.compile else self.model
+        self.ddp = DistributedDataParallel(self.model) if self.ranks.enabled else None
+        self.forward = self.ddp or self.model
+        if config.model.compile:
+            self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
         self.loss_fn = loss_fn or _default_loss(self.task, config.train.label_smoothing)
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
+        if not self.ranks.is_main:
+            self.run_dir = FollowerRunDir(self.run_dir.path)
 
         train = config.train
         self.micro_batch_size = train.micro_batch_size or train.batch_size
-        self.accumulation_steps = train.accumulation_steps
+        per_step = self.micro_batch_size * self.ranks.world_size
+        if train.batch_size % per_step:
+            raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of micro_batch_size "
+                              f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
+        self.accumulation_steps = train.batch_size // per_step
         self.steps_per_epoch = len(train_data) // train.batch_size  # type: ignore[arg-type]
         if self.steps_per_epoch == 0:
             raise DataError(f"the training split has {len(train_data)} samples, fewer than one batch "  # type: ignore[arg-type]
@@ -76,11 +89,13 @@ class Trainer:
                                             config.eval.early_stopping.min_delta,
                                             enabled=config.eval.early_stopping.enabled)
         self.sampler = ResumableBatchSampler(len(train_data), self.micro_batch_size,  # type: ignore[arg-type]
-                                             self.steps_per_epoch * self.accumulation_steps, seed=config.seed)
+                                             self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
+                                             rank=self.ranks.rank, world_size=self.ranks.world_size)
         settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory)
         self.loader = build_loader(train_data, self.sampler, settings,
                                    generator=torch.Generator().manual_seed(config.seed))
-        self.callbacks = CallbackList(_default_callbacks(config) + list(callbacks))
+        defaults = _default_callbacks(config) if self.ranks.is_main else []
+        self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
         self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -143,15 +158,20 @@ class Trainer:
                 self._save_checkpoint()
             if self.early_stopping.should_stop:
                 self.request_stop("early_stop")
+            if self.ranks.enabled and any_rank(self._stop_reason is not None, self.device):
+                self.request_stop("signal:peer rank")  # every rank stops on the same step
 
     def _train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """One optimizer step: accumulate micro-batch gradients, clip, step, advance the schedule."""
         total_loss = torch.zeros((), device=self.device)
-        for inputs, targets in micro_batches:
+        for i, (inputs, targets) in enumerate(micro_batches):
             inputs, targets = self._to_device(inputs, targets)
-            with autocast(self.precision, self.device):
-                loss = self.loss_fn(self.forward(inputs), targets) / self.accumulation_steps
-            self.scaler.scale(loss).backward()
+            last = i == len(micro_batches) - 1
+            # DDP all-reduces gradients in backward; only the last micro-batch needs it
+            with self.ddp.no_sync() if self.ddp and not last else nullcontext():
+                with autocast(self.precision, self.device):
+                    loss = self.loss_fn(self.forward(inputs), targets) / self.accumulation_steps
+                self.scaler.scale(loss).backward()
             total_loss += loss.detach()
         self.scaler.unscale_(self.optimizer)  # clip and log the true gradient norm
         max_norm = self.config.train.grad_clip_norm or math.inf
@@ -217,6 +237,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early_stopping.state_dict(),
             "rng": ckpt.capture_rng(),
+            "rng_per_rank": gather_objects(ckpt.capture_rng()) if self.ranks.enabled else [],
             "data_position": {"epoch": self.epoch, "batch": self.batch_in_epoch},
             "step": self.step,
             "epoch": self.epoch,
@@ -233,7 +254,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early_stopping.load_state_dict(state["early_stopping"])
-        ckpt.restore_rng(state["rng"])
+        per_rank = state.get("rng_per_rank") or []
+        ckpt.restore_rng(per_rank[self.ranks.rank] if len(per_rank) == self.ranks.world_size else state["rng"])
         self.epoch = state["data_position"]["epoch"]
         self.batch_in_epoch = state["data_position"]["batch"]
         self.step = state["step"]
