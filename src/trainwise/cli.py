@@ -13,6 +13,11 @@ from rich.text import Text
 
 from trainwise.errors import TrainwiseError
 
+try:  # typer ≥ 0.29 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer depends on click itself
+    from click.exceptions import ClickException
+
 app = typer.Typer(
     name="trainwise",
     help="Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server.",
@@ -109,6 +114,6 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except __import__("click").exceptions.ClickException as e:
+    except ClickException as e:  # usage errors: a missing argument, an unknown option
         e.show()
         sys.exit(2)

@@ -12,7 +12,7 @@ directory alone, on another machine, after the fact.
       checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt
       model.safetensors   final weights (the best ones when early stopping restored them)
       summary.json        status, steps, best and final metrics, timings
-      eval/               evaluation outputs
+      eval/               metrics.json, confusion_matrix.csv, predictions.csv
       report.html         self-contained report
 """
 from __future__ import annotations
@@ -112,6 +112,18 @@ class RunDir:
     @property
     def eval_dir(self) -> Path:
         return self.path / "eval"
+
+    @property
+    def eval_metrics_path(self) -> Path:
+        return self.eval_dir / "metrics.json"
+
+    @property
+    def eval_confusion_path(self) -> Path:
+        return self.eval_dir / "confusion_matrix.csv"
+
+    @property
+    def eval_predictions_path(self) -> Path:
+        return self.eval_dir / "predictions.csv"
 
     def report_path(self, fmt: Literal["html", "md"] = "html") -> Path:
         return self.path / f"report.{fmt}"

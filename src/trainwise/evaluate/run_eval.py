@@ -1,0 +1,127 @@
+"""`trainwise eval RUN`: rebuild a run's data and model from its config, load its weights, measure a split.
+
+Writes RUN/eval/metrics.json (every metric, the warnings, which split and weights), a confusion-matrix CSV
+(classification) and one CSV row per prediction. The latest evaluation of a run replaces the previous one;
+metrics.json says which split and checkpoint it measured.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from trainwise.atomic import atomic_write_json, atomic_write_text
+from trainwise.errors import DataError, RunDirError
+from trainwise.evaluate.metric_warnings import metric_warnings
+from trainwise.evaluate.tasks import get_task
+from trainwise.run import RunDir
+
+Checkpoint = Literal["best", "last", "final"]
+SPLITS = ("train", "val", "test")
+
+def eval_files(run: RunDir) -> dict[str, Path]:
+    return {"metrics": run.eval_metrics_path, "confusion_matrix": run.eval_confusion_path,
+            "predictions": run.eval_predictions_path}
+
+
+def read_eval(run: RunDir) -> dict[str, Any] | None:
+    """The run's latest evaluation (metrics.json), or None when it has not been evaluated."""
+    path = eval_files(run)["metrics"]
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path} is not valid JSON ({e}); run `trainwise eval {run.path}` again.") from None
+
+
+def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", checkpoint: Checkpoint = "best",
+                 *, device: str = "auto") -> dict[str, Any]:
+    """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors)."""
+    from trainwise.recipes.factories import build_data, build_model
+    from trainwise.train.device import resolve_device
+    from trainwise.train.evaluation import predict
+
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
+    if split not in SPLITS:
+        raise DataError(f"--split {split!r}: choose one of {', '.join(SPLITS)}.")
+    config = run.read_config()
+    bundle = build_data(config)
+    dataset = getattr(bundle, split)
+    if dataset is None or len(dataset) == 0:
+        raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0?); "
+                        f"evaluate another with --split {'val' if split == 'test' else 'test'}.")
+    model = build_model(config, bundle.spec)
+    state, step, weights = load_weights(run, checkpoint)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
+                          f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
+    outputs, targets = predict(model, dataset, device=resolve_device(device))
+
+    task = get_task(bundle.spec.task)
+    metrics = task.metrics(outputs, targets, bundle.spec.class_names)
+    result = {"run": str(run.path), "split": split, "checkpoint": checkpoint, "weights": str(weights),
+              "step": step, **metrics, "warnings": metric_warnings(metrics)}
+    result["files"] = {k: str(v) for k, v in _write_eval(run, result, task.predictions(
+        outputs, targets, bundle.spec.class_names)).items()}
+    return result
+
+
+def load_weights(run: RunDir, checkpoint: Checkpoint) -> tuple[dict[str, Any], int | None, Path]:
+    """(state_dict, optimizer step it was saved at, file) for `best`, `last` or `final`."""
+    if checkpoint == "final":
+        state = run.read_model()
+        return _strip_wrappers(state), run.read_summary().get("steps"), run.model_path
+    if checkpoint not in ("best", "last"):
+        raise RunDirError(f"--checkpoint {checkpoint!r}: choose best, last or final (model.safetensors).")
+    from trainwise.train.checkpoint import read_checkpoint
+
+    path = run.checkpoint_path(checkpoint)
+    if not path.is_file():
+        have = [name for name in ("best", "last") if run.checkpoint_path(name).is_file()]
+        if run.model_path.is_file():
+            have.append("final")
+        raise RunDirError(f"{run.path} has no `{checkpoint}` checkpoint ({path} is missing). "
+                          + (f"Available: --checkpoint {' / '.join(have)}." if have else
+                             "It holds no weights at all: did training start?"))
+    saved = read_checkpoint(path)
+    return _strip_wrappers(saved["model"]), saved.get("step"), path
+
+
+def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:
+    """torch.compile and DDP prefix parameter names; the rebuilt plain model has none."""
+    out = {}
+    for key, value in state.items():
+        for prefix in ("_orig_mod.", "module."):
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value
+    return out
+
+
+def _write_eval(run: RunDir, result: dict[str, Any], predictions: tuple[list[str], list[list[Any]]]):
+    files = eval_files(run)
+    atomic_write_json(files["metrics"], result)
+    atomic_write_text(files["predictions"], _csv(*predictions))
+    matrix = result.get("confusion_matrix")
+    if matrix:
+        header = ["true \\ predicted", *matrix["labels"]]
+        rows = [[label, *counts] for label, counts in zip(matrix["labels"], matrix["counts"])]
+        atomic_write_text(files["confusion_matrix"], _csv(header, rows))
+    else:
+        files.pop("confusion_matrix")
+        eval_files(run)["confusion_matrix"].unlink(missing_ok=True)  # a stale one from another task
+    return files
+
+
+def _csv(header: list[str], rows: list[list[Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
