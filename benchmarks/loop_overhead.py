@@ -3,7 +3,8 @@
 Same model (the digits CNN), data, precision, accumulation (2 micro-batches), AdamW, warmup + cosine and
 gradient clipping. The hand loop slices tensors with a random permutation (the cheapest data path there is).
 Both run alternately in one process; the figure is median time per optimizer step, trainwise / hand loop.
-Target ≤ 1.03 on CPU.
+Target ≤ 1.03 on CPU. When `lightning` is installed (`pip install -e .[bench]`), its Trainer runs the same job
+in the same rounds for comparison.
 """
 from __future__ import annotations
 
@@ -88,25 +89,73 @@ def hand_loop(x, y) -> list[float]:
     return step_durations(times)
 
 
+def lightning_loop(x, y) -> list[float] | None:
+    try:
+        import lightning as L
+    except ImportError:
+        return None
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    times: list[float] = []
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model()
+            self.loss_fn = torch.nn.CrossEntropyLoss()
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            return self.loss_fn(self.net(inputs), targets)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if (batch_idx + 1) % (BATCH // MICRO) == 0:
+                times.append(time.perf_counter())
+
+        def configure_optimizers(self):
+            decay = [p for p in self.parameters() if p.ndim >= 2]
+            no_decay = [p for p in self.parameters() if p.ndim < 2]
+            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                           {"params": no_decay, "weight_decay": 0.0}], lr=3e-3)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda s: lr_factor(s, warmup=10, max_steps=STEPS, decay="cosine", min_ratio=0.0))
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    dataset = ArrayDataset(x, y)  # the same batched fetch trainwise gets
+    sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)), MICRO, drop_last=True)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=lambda batch: batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, accumulate_grad_batches=BATCH // MICRO,
+                            gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp)
+        trainer.fit(Module(), loader)
+    return step_durations(times)
+
+
 def step_durations(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times[WARMUP_STEPS:], times[WARMUP_STEPS + 1:])]
 
 
 def main() -> None:
     x, y = data()
-    results = {"trainwise": [], "hand_loop": []}
-    for _ in range(ROUNDS):  # alternate so drift on a noisy machine hits both
+    results: dict[str, list[float]] = {"trainwise": [], "hand_loop": [], "lightning": []}
+    for _ in range(ROUNDS):  # alternate so drift on a noisy machine hits all of them
         results["trainwise"] += trainwise_loop(x, y)
         results["hand_loop"] += hand_loop(x, y)
-    medians = {name: statistics.median(times) for name, times in results.items()}
+        results["lightning"] += lightning_loop(x, y) or []
+    medians = {name: statistics.median(times) for name, times in results.items() if times}
     ratio = medians["trainwise"] / medians["hand_loop"]
     print(f"median step: trainwise {medians['trainwise'] * 1e3:.3f} ms, hand loop "
           f"{medians['hand_loop'] * 1e3:.3f} ms, ratio {ratio:.3f} (target ≤ 1.03)")
+    lightning_ratio = medians["lightning"] / medians["hand_loop"] if "lightning" in medians else None
+    if lightning_ratio:
+        print(f"lightning {medians['lightning'] * 1e3:.3f} ms, ratio {lightning_ratio:.3f}")
     write_result("loop_overhead", {
         "description": __doc__.strip().splitlines()[0],
         "setup": {"model": "digits cnn (32, 64), hidden 128", "batch_size": BATCH, "micro_batch_size": MICRO,
                   "precision": "fp32", "steps_per_run": STEPS, "rounds": ROUNDS, "device": "cpu"},
-        "median_step_s": medians, "ratio_trainwise_over_hand_loop": ratio, "target": 1.03,
+        "median_step_s": medians, "ratio_trainwise_over_hand_loop": ratio,
+        "ratio_lightning_over_hand_loop": lightning_ratio, "target": 1.03,
         "meets_target": ratio <= 1.03,
     })
 

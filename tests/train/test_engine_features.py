@@ -79,3 +79,55 @@ def test_torch_compile_trains(tmp_path):
     run.initialise()
     assert trainer.forward is not trainer.model
     assert trainer.fit()["status"] == "completed"
+
+
+def _short_run(tmp_path, callbacks=(), **train):
+    from trainwise.train.run import build_trainer
+
+    run = RunDir(tmp_path / "run")
+    trainer = build_trainer(tiny_config(train={"max_steps": 10, "log_every": 5, **train}), run, callbacks)
+    run.initialise()
+    trainer.fit()
+    return trainer
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_a_bar_on_one(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from trainwise.train.progress import ProgressDisplay
+
+    plain_out = io.StringIO()
+    _short_run(tmp_path / "plain", [ProgressDisplay(Console(file=plain_out, force_terminal=False, width=200))])
+    lines = [line for line in plain_out.getvalue().splitlines() if line.startswith("step ")]
+    assert any(line.startswith("step 5/10  loss") and "samples/s" in line and "eta" in line for line in lines)
+    assert any("val: loss" in line for line in lines)
+
+    bar_out = io.StringIO()
+    display = ProgressDisplay(Console(file=bar_out, force_terminal=True, width=200))
+    seen = {}
+    original = display.on_step_end
+
+    def spy(trainer):
+        original(trainer)
+        seen["task"] = display.progress.tasks[0] if display.progress else None
+
+    display.on_step_end = spy
+    _short_run(tmp_path / "bar", [display])
+    assert seen["task"].completed == 10 and seen["task"].total == 10
+    assert "loss" in seen["task"].description
+
+
+def test_tensorboard_events_mirror_the_metrics(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = _short_run(tmp_path)
+    events = EventAccumulator(str(trainer.run_dir.tensorboard_dir()))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [5, 10]
+    logged = [r["loss"] for r in trainer.run_dir.read_metrics("train")]
+    assert [e.value for e in losses] == pytest.approx(logged)
+    assert "val/accuracy" in events.Tags()["scalars"]
