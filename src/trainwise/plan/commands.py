@@ -1,8 +1,135 @@
-"""CLI commands of this room; cli.py calls register(app)."""
+"""`trainwise plan`: parse, call planner.make_plan, print the table (or JSON)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+GiB = 2**30
 
 
 def register(app: typer.Typer) -> None:
     """Add this room's commands to the trainwise app."""
+    app.command(name="plan")(plan)
+
+
+def plan(
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. train.batch_size=256."),
+    gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="Only these cards (repeatable), e.g. --gpu A100-80GB."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most cards a multi-GPU option may use."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Most the run may cost, in --currency."),
+    deadline: Optional[float] = typer.Option(None, "--deadline", help="Hours the run may take."),
+    prices: Optional[Path] = typer.Option(None, "--prices", help="A prices YAML that replaces or extends ours."),
+    currency: str = typer.Option("USD", "--currency", help="Show costs in this currency (USD, CNY, ...)."),
+    rate: Optional[list[str]] = typer.Option(None, "--rate", help="Exchange rate as CODE=USD_VALUE, "
+                                             "e.g. --rate CNY=0.139 (repeatable)."),
+    probe: bool = typer.Option(False, "--probe", help="Run a few real steps here and calibrate the estimate."),
+    as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
+) -> None:
+    """Which GPU fits this training job, how long it takes and what it costs (no GPU needed)."""
+    from trainwise.plan.catalog import parse_rates
+    from trainwise.plan.planner import PlanRequest, make_plan
+    from trainwise.recipes import load_recipe
+
+    config = load_recipe(recipe, overrides or [])
+    request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
+                          deadline_hours=deadline, prices_file=prices, currency=currency,
+                          rates=parse_rates(rate or []), probe=probe)
+    report = make_plan(config, request)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
+        return
+    print_report(report, Console())
+
+
+def print_report(report, console: Console) -> None:
+    data = report.to_dict()
+    job, advice = data["job"], report.advice
+    cuda = data["memory"]["cuda"]
+    console.print(f"[bold]{job['parameters']:,}[/] parameters, batch {job['batch_size']} "
+                  f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}), "
+                  f"{job['total_steps']:,} steps ({job['steps_per_epoch']} per epoch), {job['precision_planned']}, "
+                  f"{job['optimizer']}; {_flops(data['flops_per_optimizer_step'])} per step.")
+    parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}" for name, value in cuda["breakdown_bytes"].items())
+    console.print(f"Peak of one training step on a GPU (traced, micro-batch {cuda['micro_batch_size']}): "
+                  f"[bold]{_bytes(cuda['peak_bytes'])}[/] = {parts}; "
+                  f"+{_bytes(cuda['per_sample_bytes'])} per extra sample; plus CUDA context and "
+                  "library workspaces per card.")
+    table = Table("card", "fits", "needs / has", "micro × accum", "per epoch", "total",
+                  f"{advice.currency} on-demand / spot / month", "cheapest offer", box=None)
+    for row in advice.rows + advice.multi_gpu:
+        name = row.name if row.cards == 1 else f"{row.cards}× {row.name} {row.strategy.upper()}"
+        if row.kind == "cpu":
+            name = "[bold]this machine (CPU)[/]"
+        elif row.note == "this machine":
+            name = f"[bold]{name} (this machine)[/]"
+        offer = row.offer
+        where = "—"
+        if offer:
+            where = f"{offer['provider']} {offer['instance']}"
+            if offer["gpus"] != row.cards:
+                where += f" ({offer['gpus']} GPUs: {_duration(offer['hours'])})"
+        table.add_row(
+            name, "[green]yes[/]" if row.fits else "[red]no[/]",
+            f"{_bytes(row.needed_bytes)} / {_bytes(row.memory_bytes)}",
+            f"{row.micro_batch_size} × {row.accumulation_steps}" if row.fits else f"max {row.max_micro_batch}",
+            _duration(row.epoch_hours) if row.fits else "—",
+            (_duration(row.total_hours) + (" (measured)" if row.measured else "")) if row.fits else "—",
+            " / ".join(_money(v) for v in (row.cost_on_demand, row.cost_spot, row.cost_monthly)), where)
+    console.print(table)
+    cpu = next(r for r in advice.rows if r.kind == "cpu")
+    console.print(f"[dim]this machine: {report.machine['cpu_model']}, {report.machine['torch_threads']} torch "
+                  f"threads, {_bytes(report.machine['ram_available_bytes'])} RAM available; "
+                  f"{_duration(cpu.step_time_s / 3600)} per step"
+                  f"{' measured' if cpu.measured else ' estimated (--probe measures it)'}.[/]")
+    for title, row in (("Cheapest", advice.cheapest), ("Fastest", advice.fastest)):
+        if row:
+            console.print(f"{title}: [bold]{row.cards}× {row.name}[/] ({row.offer['provider']} "
+                          f"{row.offer['instance']}, {row.offer['region']}): {_duration(row.offer['hours'])}, "
+                          f"{_money(row.cost_on_demand)} {advice.currency} on demand.")
+    for message in advice.messages + data["notes"]:
+        console.print(message)
+    console.print(f"Host RAM needed: {_bytes(advice.host_ram_bytes)}; disk for data and checkpoints: "
+                  f"{_bytes(advice.disk_bytes)}.")
+    console.print(f"[dim]Prices are defaults to check (as of {data['prices']['as_of']}): verify them on each "
+                  "provider's page, or pass your own with --prices FILE.[/]")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _flops(n: float) -> str:
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def _duration(hours: float) -> str:
+    seconds = hours * 3600
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if hours < 2:
+        return f"{seconds / 60:.0f} min"
+    if hours < 48:
+        return f"{hours:.1f} h"
+    return f"{hours / 24:.1f} days"
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if 0 < value < 0.01:
+        return "<0.01"
+    return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"

@@ -1,0 +1,197 @@
+"""Planner accuracy: the peak memory `trainwise plan` predicts for a training step, against the peak the
+allocator really reached, over MLPs, the digits CNN, a ResNet-18-style CNN and a small transformer, in fp32
+and bf16 autocast, with gradient checkpointing on and off, at two batch sizes.
+
+Measured: on CPU, torch.profiler's allocation events (every byte the CPU allocator hands out and takes back,
+replayed in order; the peak of the running total); on CUDA, torch.cuda.max_memory_allocated over a warm-up
+step and a steady one. Estimated: trainwise.plan.memory.trace_step on fake tensors (no memory allocated).
+In the same table, the naive estimate of accelerate's / DeepSpeed's estimators: weights + gradients + Adam
+moments (4 × parameter bytes), no activations.
+
+    .venv/bin/python benchmarks/plan_accuracy.py            # CPU (or CUDA when present)
+    .venv/bin/python benchmarks/plan_accuracy.py --device cpu
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
+from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
+from trainwise.plan.probe import measured_peak_bytes  # noqa: E402
+from trainwise.recipes.models import CheckpointedSequential  # noqa: E402
+
+
+# ---- models -------------------------------------------------------------------------------------------------
+
+def mlp(width: int = 30, hidden: tuple[int, ...] = (512, 512, 256), classes: int = 2, checkpointing=False):
+    blocks, size = [], width
+    for h in hidden:
+        blocks.append(nn.Sequential(nn.Linear(size, h), nn.ReLU(), nn.Dropout(0.1)))
+        size = h
+    return CheckpointedSequential(blocks, nn.Linear(size, classes), checkpointing)
+
+
+def digits_cnn(checkpointing=False):
+    from trainwise.data.bundle import DataSpec
+    from trainwise.recipes.models import cnn
+
+    spec = DataSpec(input_shape=(1, 8, 8), num_classes=10)
+    return cnn(spec, channels=(32, 64), hidden=128, dropout=0.1, gradient_checkpointing=checkpointing)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's two 3×3 convolutions with batch norm and a shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def resnet18_style(width: int = 16, classes: int = 10, checkpointing=False):
+    """ResNet-18's layout (2-2-2-2 basic blocks, 4 stages) at a quarter of its width, for 32×32 images."""
+    stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+    blocks, channels = [stem], width
+    for stage, multiple in enumerate((1, 2, 4, 8)):
+        for index in range(2):
+            stride = 2 if stage > 0 and index == 0 else 1
+            blocks.append(BasicBlock(channels, width * multiple, stride))
+            channels = width * multiple
+    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
+    return CheckpointedSequential(blocks, head, checkpointing)
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, vocabulary: int, width: int, length: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Parameter(torch.zeros(1, length, width))
+
+    def forward(self, tokens):
+        return self.tokens(tokens) + self.positions
+
+
+class MeanPoolHead(nn.Module):
+    def __init__(self, width: int, classes: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.out(self.norm(x).mean(dim=1))
+
+
+def transformer(vocabulary=1000, length=64, width=128, layers=2, heads=4, classes=4, checkpointing=False):
+    """A pre-norm encoder classifier (token + position embedding, self-attention, GELU MLP, mean pool)."""
+    blocks = [TokenEmbedding(vocabulary, width, length)]
+    blocks += [nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.1, activation="gelu",
+                                          batch_first=True, norm_first=True) for _ in range(layers)]
+    return CheckpointedSequential(blocks, MeanPoolHead(width, classes), checkpointing)
+
+
+# ---- configurations ---------------------------------------------------------------------------------------
+
+def configurations() -> list[tuple[str, TrainingStep]]:
+    def step(builder, shape, classes, batch, precision="fp32", checkpointing=False, **extra):
+        return TrainingStep(build_model=lambda: builder(checkpointing=checkpointing), input_shape=shape,
+                            num_classes=classes, micro_batch_size=batch, precision=precision,
+                            grad_clip_norm=1.0, optimizer_args={"lr": 1e-3, "weight_decay": 0.01}, **extra)
+
+    tokens = dict(input_dtype=torch.long, vocabulary_size=1000)
+    return [
+        ("mlp fp32 b=64", step(mlp, (30,), 2, 64)),
+        ("mlp fp32 b=1024", step(mlp, (30,), 2, 1024)),
+        ("mlp bf16 b=1024", step(mlp, (30,), 2, 1024, "bf16")),
+        ("mlp fp32 b=1024 ckpt", step(mlp, (30,), 2, 1024, checkpointing=True)),
+        ("digits-cnn fp32 b=64", step(digits_cnn, (1, 8, 8), 10, 64)),
+        ("digits-cnn fp32 b=256", step(digits_cnn, (1, 8, 8), 10, 256)),
+        ("digits-cnn fp32 b=256 ckpt", step(digits_cnn, (1, 8, 8), 10, 256, checkpointing=True)),
+        ("digits-cnn bf16 b=64", step(digits_cnn, (1, 8, 8), 10, 64, "bf16")),
+        ("resnet18-style fp32 b=8", step(resnet18_style, (3, 32, 32), 10, 8)),
+        ("resnet18-style fp32 b=16", step(resnet18_style, (3, 32, 32), 10, 16)),
+        ("resnet18-style fp32 b=16 ckpt", step(resnet18_style, (3, 32, 32), 10, 16, checkpointing=True)),
+        ("resnet18-style bf16 b=8", step(resnet18_style, (3, 32, 32), 10, 8, "bf16")),
+        ("transformer fp32 b=8", step(transformer, (64,), 4, 8, **tokens)),
+        ("transformer fp32 b=32", step(transformer, (64,), 4, 32, **tokens)),
+        ("transformer fp32 b=32 ckpt", step(transformer, (64,), 4, 32, checkpointing=True, **tokens)),
+        ("transformer bf16 b=32", step(transformer, (64,), 4, 32, "bf16", **tokens)),
+        ("transformer bf16 b=32 ckpt", step(transformer, (64,), 4, 32, "bf16", checkpointing=True, **tokens)),
+        ("mlp fp32 b=256 accum=4", step(mlp, (30,), 2, 256, accumulation_steps=4)),
+    ]
+
+
+def naive_bytes(trace) -> int:
+    """accelerate / DeepSpeed-style: weights + gradients + two Adam moments, no activations."""
+    return 4 * trace.parameter_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        # cuBLAS/cuDNN workspaces are per-device fixed costs (advise.py), not part of a step: create them
+        # before measuring, so each measurement starts with them already allocated
+        x = torch.ones(64, 64, device=device)
+        (x @ x).sum().item()
+        torch.nn.functional.conv2d(x[None, None], torch.ones(1, 1, 3, 3, device=device)).sum().item()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            (x @ x).sum().item()
+    rows = []
+    started = time.perf_counter()
+    for name, step in configurations():
+        step = step.on(kind)
+        t0 = time.perf_counter()
+        trace = trace_step(step)
+        t1 = time.perf_counter()
+        measured = measured_peak_bytes(step, device)
+        t2 = time.perf_counter()
+        naive = naive_bytes(trace)
+        rows.append({
+            "config": name, "micro_batch_size": step.micro_batch_size, "precision": step.precision,
+            "parameters": trace.parameter_count, "measured_bytes": measured, "estimated_bytes": trace.peak_bytes,
+            "error": trace.peak_bytes / measured - 1, "naive_bytes": naive, "naive_error": naive / measured - 1,
+            "breakdown": trace.breakdown, "trace_s": round(t1 - t0, 3), "measure_s": round(t2 - t1, 3)})
+        print(f"{name:32s} measured {measured / 2**20:9.2f} MiB  estimated {trace.peak_bytes / 2**20:9.2f} MiB "
+              f"({rows[-1]['error']:+7.2%})  naive {naive / 2**20:8.2f} MiB ({rows[-1]['naive_error']:+8.2%})",
+              flush=True)
+    errors = [abs(r["error"]) for r in rows]
+    naive_errors = [abs(r["naive_error"]) for r in rows]
+    summary = {"configs": len(rows), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
+               "naive_median_abs_error": statistics.median(naive_errors),
+               "naive_max_abs_error": max(naive_errors), "target": {"median_abs_error": 0.05,
+                                                                    "max_abs_error": 0.10},
+               "wall_s": round(time.perf_counter() - started, 1)}
+    summary["meets_target"] = summary["median_abs_error"] <= 0.05 and summary["max_abs_error"] <= 0.10
+    print(f"median |error| {summary['median_abs_error']:.2%}, max {summary['max_abs_error']:.2%} "
+          f"(naive: median {summary['naive_median_abs_error']:.2%}, max {summary['naive_max_abs_error']:.2%})")
+    write_result("plan_accuracy", {
+        "device": str(device), "measurement": "torch.cuda.max_memory_allocated" if kind == "cuda"
+        else "torch.profiler allocation events (CPU allocator), peak of the running total",
+        "summary": summary, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Advice: estimates + catalog + prices + the present machine -> which card, how long, what it costs.
+
+Pure functions over recorded facts: no torch, no probes; the tests drive them with hand-made catalogs.
+Every constant below says where it comes from; `--probe` replaces the utilisation guess by a measurement.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from trainwise.plan.catalog import Gpu, Offer, PriceList, offer_costs
+from trainwise.plan.timing import (CPU_BANDWIDTH_BYTES_S_PER_CORE, CPU_OP_OVERHEAD_S, CPU_UTILISATION,
+                                   GPU_OP_OVERHEAD_S, GPU_UTILISATION, cpu_peak_flops, step_time)
+
+GiB = 2**30
+
+# ---- per-device fixed costs (CUDA) ------------------------------------------------------------------------
+# The CUDA context (driver state, kernels of torch/cuBLAS/cuDNN loaded lazily, CUDA_MODULE_LOADING=LAZY,
+# the default since CUDA 11.7): ~300-600 MiB depending on card and versions, outside the caching allocator
+# (nvidia-smi shows it, torch.cuda.memory_allocated does not). PyTorch docs, "CUDA semantics: memory
+# management"; 500 MiB is what torch 2.x shows on A100/H100 before the first tensor.
+CUDA_CONTEXT_BYTES = 500 * 2**20
+# cuBLAS workspace per stream, allocated through the caching allocator: CUBLAS_WORKSPACE_CONFIG default
+# ":4096:2:16:8" = 8.125 MiB before Hopper; 32 MiB on compute capability ≥ 9.0 (aten/src/ATen/cuda/
+# CublasHandlePool.cpp, getChosenWorkspaceSize), plus the same again for cuBLASLt.
+CUBLAS_WORKSPACE_BYTES = {"pre_hopper": int(8.125 * 2**20) * 2, "hopper": 32 * 2**20 * 2}
+# cuDNN convolution workspace: the algorithm search caps it by free memory; 256 MiB covers the usual
+# choices for the models we plan (torch.backends.cudnn; measured peaks of torchvision ResNets).
+CUDNN_WORKSPACE_BYTES = 256 * 2**20
+# What the caching allocator reserves beyond what is allocated (block rounding to 2 MiB segments,
+# fragmentation): kept free as a share of the card. Also the margin for everything else we do not trace.
+SAFETY_MARGIN = 0.10
+# Host side: the Python process with torch and CUDA libraries loaded (RSS of `import torch` + CUDA init).
+PROCESS_RAM_BYTES = int(1.5 * GiB)
+
+# Multi-GPU: share of linear speed-up DDP keeps (gradient all-reduce overlapped with backward);
+# FSDP adds the parameter all-gathers. NCCL tests / PyTorch DDP paper (Li et al., VLDB 2020, Fig. 9).
+SCALING_EFFICIENCY = {"nvlink": 0.90, "pcie": 0.75}
+FSDP_EXTRA_EFFICIENCY = 0.90
+
+
+@dataclass(frozen=True)
+class PeakCurve:
+    """Peak bytes of a training step against the micro-batch, from traces at a few sizes.
+
+    Forward/backward memory is piecewise linear in the micro-batch (where the peak falls can move, e.g.
+    from late in backward to its start as activations grow) and convex, so straight lines between traced
+    sizes lie on or above it: safe for choosing a micro-batch. The optimizer step's peak is a floor."""
+
+    points: tuple[tuple[int, float], ...]  # (micro-batch, forward/backward peak), sorted
+    optimizer_peak_bytes: float
+
+    def peak(self, micro_batch: float) -> float:
+        return max(self._forward_backward(micro_batch), self.optimizer_peak_bytes)
+
+    def _forward_backward(self, b: float) -> float:
+        pts = self.points
+        if len(pts) == 1:
+            return pts[0][1]
+        for (b0, m0), (b1, m1) in zip(pts, pts[1:]):
+            if b <= b1:
+                return m0 + (m1 - m0) * (b - b0) / (b1 - b0)
+        (b0, m0), (b1, m1) = pts[-2], pts[-1]
+        return m1 + (m1 - m0) * (b - b1) / (b1 - b0)
+
+    @property
+    def per_sample_bytes(self) -> float:
+        """Slope of the largest traced interval: what one more sample costs at large micro-batches."""
+        if len(self.points) < 2:
+            return 0.0
+        (b0, m0), (b1, m1) = self.points[-2], self.points[-1]
+        return max((m1 - m0) / (b1 - b0), 0.0)
+
+    def largest_micro_batch(self, budget: float, limit: int, saving: float = 0.0) -> int:
+        """Largest micro-batch ≤ limit whose peak, less `saving`, fits `budget` (0: not even one)."""
+        if self.peak(1) - saving > budget:
+            return 0
+        low, high = 1, max(limit, 1)
+        while low < high:  # the peak never falls as the micro-batch grows
+            middle = (low + high + 1) // 2
+            if self.peak(middle) - saving <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What advice needs from the traces (see job.JobEstimate): plain numbers only."""
+
+    batch_size: int
+    micro_batch_size: int
+    total_steps: int
+    steps_per_epoch: int
+    precision: str
+    cpu_precision: str
+    cuda_memory: PeakCurve  # traced with CUDA's allocator rounding and multi-tensor optimizer
+    cpu_memory: PeakCurve  # traced in the CPU's precision, with its kernels' hidden workspaces
+    sharded_state_bytes: float  # parameters + gradients + optimizer state: what FSDP divides
+    largest_module_parameter_bytes: float
+    flops_per_sample: float
+    bytes_per_sample: float
+    ops_per_micro_batch: float
+    optimizer_bytes: float
+    optimizer_ops: float
+    has_convolutions: bool = False
+    dataset_bytes: int = 0
+    sample_bytes: int = 0
+    checkpoint_bytes: int = 0
+    checkpoints_kept: int = 3
+
+    def peak(self, micro_batch: int, device: str = "cuda") -> float:
+        return (self.cpu_memory if device == "cpu" else self.cuda_memory).peak(micro_batch)
+
+
+@dataclass(frozen=True)
+class Options:
+    currency: str = "USD"
+    budget: float | None = None  # in `currency`
+    deadline_hours: float | None = None
+    max_gpus: int = 8
+    safety_margin: float = SAFETY_MARGIN
+    utilisation: float = GPU_UTILISATION
+    calibration: float | None = None  # measured/predicted step time from --probe on a CUDA card
+
+
+@dataclass
+class CardPlan:
+    """One row of the table: a card (or this machine), with N of them, and what the job costs there."""
+
+    name: str
+    kind: str  # gpu | cpu
+    cards: int
+    strategy: str  # single | ddp | fsdp
+    fits: bool
+    memory_bytes: int
+    needed_bytes: int  # at the chosen micro-batch, fixed costs included
+    headroom_bytes: int
+    max_micro_batch: int
+    micro_batch_size: int
+    accumulation_steps: int
+    step_time_s: float
+    epoch_hours: float
+    total_hours: float
+    bound: str  # compute | memory | overhead | measured
+    offer: dict | None = None  # the cheapest offer for this card
+    cost_on_demand: float | None = None
+    cost_spot: float | None = None
+    cost_monthly: float | None = None
+    break_even_hours_per_month: float | None = None
+    measured: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Advice:
+    currency: str
+    rows: list[CardPlan]
+    multi_gpu: list[CardPlan]
+    cheapest: CardPlan | None
+    fastest: CardPlan | None
+    fits_anywhere: bool
+    host_ram_bytes: int
+    disk_bytes: int
+    messages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"currency": self.currency, "cards": [r.to_dict() for r in self.rows],
+                "multi_gpu": [r.to_dict() for r in self.multi_gpu],
+                "cheapest": self.cheapest.to_dict() if self.cheapest else None,
+                "fastest": self.fastest.to_dict() if self.fastest else None,
+                "fits_anywhere": self.fits_anywhere, "host_ram_bytes": self.host_ram_bytes,
+                "disk_bytes": self.disk_bytes, "messages": self.messages}
+
+
+# ---- memory ----------------------------------------------------------------------------------------------------
+
+def cuda_fixed_bytes(gpu: Gpu, has_convolutions: bool) -> int:
+    """What a CUDA card spends before the first activation: context, library workspaces."""
+    hopper = float(gpu.compute_capability) >= 9.0
+    workspace = CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "pre_hopper"]
+    return CUDA_CONTEXT_BYTES + workspace + (CUDNN_WORKSPACE_BYTES if has_convolutions else 0)
+
+
+def usable_bytes(memory_bytes: int, fixed_bytes: int, margin: float) -> float:
+    return memory_bytes * (1 - margin) - fixed_bytes
+
+
+def largest_micro_batch(est: Estimates, budget: float, device: str = "cuda", shard_saving: float = 0) -> int:
+    """Largest micro-batch ≤ batch_size whose peak (less what sharding saves) fits `budget` (0: none)."""
+    curve = est.cpu_memory if device == "cpu" else est.cuda_memory
+    return curve.largest_micro_batch(budget, est.batch_size, shard_saving)
+
+
+def micro_batch_for(batch_size: int, max_micro: int) -> int:
+    """The largest divisor of the batch that fits: accumulation then keeps the effective batch exact."""
+    if max_micro <= 0:
+        return 0
+    return max(d for d in range(1, min(batch_size, max_micro) + 1) if batch_size % d == 0)
+
+
+def hours_on_offer(row: "CardPlan") -> float:
+    return row.offer["hours"] if row.offer else row.total_hours
+
+
+# ---- the table -----------------------------------------------------------------------------------------------
+
+def plan_card(est: Estimates, gpu: Gpu, options: Options, cards: int = 1, strategy: str = "single") -> CardPlan:
+    fixed = cuda_fixed_bytes(gpu, est.has_convolutions)
+    budget = usable_bytes(gpu.memory_bytes, fixed, options.safety_margin)
+    saving = 0.0
+    if strategy == "fsdp":
+        # each card holds 1/N of parameters, gradients and optimizer state, plus two gathered modules
+        saving = est.sharded_state_bytes * (1 - 1 / cards) - 2 * est.largest_module_parameter_bytes
+    elif strategy == "ddp":
+        saving = -(est.sharded_state_bytes / 4)  # DDP's gradient buckets: one more copy of the gradients
+    per_card_batch = max(est.batch_size // cards, 1)
+    limit_est = est if cards == 1 else _with_batch(est, per_card_batch)
+    max_micro = largest_micro_batch(limit_est, budget, "cuda", saving)
+    micro = micro_batch_for(per_card_batch, max_micro)
+    accumulation = per_card_batch // micro if micro else 0
+    needed = (est.peak(max(micro, 1)) - saving) + fixed
+    seconds, bound = step_time(est, max(micro, 1), max(accumulation, 1),
+                               peak_flops=gpu.peak_tflops(est.precision) * 1e12,
+                               bandwidth=gpu.bandwidth_gbs * 1e9, op_overhead_s=GPU_OP_OVERHEAD_S,
+                               utilisation=options.utilisation)
+    if options.calibration:
+        seconds *= options.calibration
+    if cards > 1:
+        seconds /= _efficiency(gpu, strategy)
+    return CardPlan(
+        name=gpu.name, kind="gpu", cards=cards, strategy=strategy, fits=micro > 0,
+        memory_bytes=gpu.memory_bytes, needed_bytes=int(needed), headroom_bytes=gpu.memory_bytes - int(needed),
+        max_micro_batch=max_micro, micro_batch_size=micro, accumulation_steps=accumulation,
+        step_time_s=seconds, epoch_hours=seconds * est.steps_per_epoch / 3600,
+        total_hours=seconds * est.total_steps / 3600, bound=bound)
+
+
+def _with_batch(est: Estimates, batch: int) -> Estimates:
+    from dataclasses import replace
+
+    return replace(est, batch_size=batch)
+
+
+def _efficiency(gpu: Gpu, strategy: str) -> float:
+    base = SCALING_EFFICIENCY.get(gpu.interconnect, SCALING_EFFICIENCY["pcie"])
+    return base * (FSDP_EXTRA_EFFICIENCY if strategy == "fsdp" else 1.0)
+
+
+def plan_this_machine(est: Estimates, machine: dict, options: Options, measured_step_s: float | None = None,
+                      measured_peak: int | None = None) -> CardPlan:
+    """The present machine's CPU as a row: RAM instead of card memory, the probe's timing when there is one."""
+    budget = machine["ram_available_bytes"] * (1 - options.safety_margin) - est.dataset_bytes - PROCESS_RAM_BYTES
+    max_micro = largest_micro_batch(est, budget, "cpu")
+    micro = micro_batch_for(est.batch_size, max_micro)
+    accumulation = est.batch_size // micro if micro else 0
+    cores = machine.get("torch_threads") or machine.get("cpu_cores", 1)
+    seconds, bound = step_time(
+        est, max(micro, 1), max(accumulation, 1),
+        peak_flops=cpu_peak_flops(cores, machine.get("cpu_max_mhz"), tuple(machine.get("cpu_flags", ())),
+                                  est.cpu_precision),
+        bandwidth=CPU_BANDWIDTH_BYTES_S_PER_CORE * cores, op_overhead_s=CPU_OP_OVERHEAD_S,
+        utilisation=CPU_UTILISATION)
+    if measured_step_s is not None:
+        seconds, bound = measured_step_s, "measured"
+    needed = int(measured_peak if measured_peak is not None else est.peak(max(micro, 1), "cpu"))
+    return CardPlan(
+        name=f"this machine ({machine.get('cpu_model', 'CPU')}, {cores} threads)", kind="cpu", cards=1,
+        strategy="single", fits=micro > 0, memory_bytes=int(machine["ram_available_bytes"]), needed_bytes=needed,
+        headroom_bytes=int(machine["ram_available_bytes"] - needed), max_micro_batch=max_micro,
+        micro_batch_size=micro, accumulation_steps=accumulation, step_time_s=seconds,
+        epoch_hours=seconds * est.steps_per_epoch / 3600, total_hours=seconds * est.total_steps / 3600,
+        bound=bound, measured=measured_step_s is not None, note="RAM available")
+
+
+def price_row(row: CardPlan, est: Estimates, gpu: Gpu, offers: list[Offer], options: Options,
+              rates: dict[str, float]) -> None:
+    """Attach the cheapest offer for the row's card (by on-demand cost of this job). An instance with more
+    GPUs than the row uses runs the job on all of them (DDP, or FSDP where DDP does not fit)."""
+    best = None
+    for offer in offers:
+        hours = row.total_hours
+        if offer.gpus != row.cards:
+            spread = plan_card(est, gpu, options, offer.gpus, "ddp") if offer.gpus > 1 else None
+            if spread is not None and not spread.fits:
+                spread = plan_card(est, gpu, options, offer.gpus, "fsdp")
+            if spread is None or not spread.fits:
+                continue
+            hours = spread.total_hours
+        costs = offer_costs(offer, hours, options.currency, rates)
+        key = costs["cost_on_demand"] if costs["cost_on_demand"] is not None else math.inf
+        if best is None or key < best[0]:
+            best = (key, costs)
+    if best:
+        for name, value in best[1].items():
+            setattr(row, name, value)
+
+
+def advise(est: Estimates, gpus: tuple[Gpu, ...], prices: PriceList, machine: dict, options: Options,
+           probe: dict | None = None) -> Advice:
+    rates = prices.exchange_rates_usd
+    rows = [plan_card(est, gpu, options) for gpu in gpus]
+    by_name = {gpu.name: gpu for gpu in gpus}
+    for row in rows:
+        if row.fits:  # a card that cannot hold the job has no cost; multi-GPU options below may
+            gpu = by_name[row.name]
+            price_row(row, est, gpu, [o for o in prices.offers if o.gpu == gpu.name], options, rates)
+    this = plan_this_machine(est, machine, options, (probe or {}).get("step_time_s"), (probe or {}).get("peak_bytes"))
+    rows.append(this)
+
+    multi: list[CardPlan] = []
+    single_fits = [r for r in rows if r.fits and r.kind == "gpu"]
+    in_time = [r for r in single_fits
+               if options.deadline_hours is None or hours_on_offer(r) <= options.deadline_hours]
+    if not single_fits or not in_time:
+        multi = multi_gpu_options(est, gpus, prices, options, rates)
+    candidates = [r for r in single_fits + [m for m in multi if m.fits] if r.cost_on_demand is not None]
+    cheapest = _cheapest(candidates, options)
+    fastest = _fastest(candidates, options)
+    messages = _messages(est, rows, multi, cheapest, fastest, options)
+    host_ram = int(est.dataset_bytes + PROCESS_RAM_BYTES + 4 * est.batch_size * est.sample_bytes)
+    disk = int(est.dataset_bytes + est.checkpoint_bytes * est.checkpoints_kept)
+    return Advice(currency=options.currency, rows=rows, multi_gpu=multi, cheapest=cheapest, fastest=fastest,
+                  fits_anywhere=bool(single_fits) or any(m.fits for m in multi) or this.fits,
+                  host_ram_bytes=host_ram, disk_bytes=disk, messages=messages)
+
+
+def multi_gpu_options(est: Estimates, gpus: tuple[Gpu, ...], prices: PriceList, options: Options,
+                      rates: dict[str, float]) -> list[CardPlan]:
+    """For each card: the fewest cards (2, 4, 8 ... ≤ max_gpus) with which DDP, or else FSDP, trains the job
+    (within the deadline, when one is set)."""
+    plans = []
+    counts = [n for n in (2, 4, 8, 16, 32, 64) if n <= options.max_gpus]
+    for gpu in gpus:
+        found = None
+        for cards in counts:
+            for strategy in ("ddp", "fsdp"):
+                plan = plan_card(est, gpu, options, cards, strategy)
+                if plan.fits and (options.deadline_hours is None or plan.total_hours <= options.deadline_hours):
+                    found = plan
+                    break
+            if found:
+                break
+        if found:
+            offers = [o for o in prices.offers if o.gpu == gpu.name and o.gpus >= found.cards]
+            price_row(found, est, gpu, offers, options, rates)
+            plans.append(found)
+    return plans
+
+
+def _cheapest(rows: list[CardPlan], options: Options) -> CardPlan | None:
+    ok = [r for r in rows if options.deadline_hours is None or hours_on_offer(r) <= options.deadline_hours]
+    return min(ok, key=lambda r: (r.cost_on_demand, hours_on_offer(r)), default=None)
+
+
+def _fastest(rows: list[CardPlan], options: Options) -> CardPlan | None:
+    ok = [r for r in rows if options.budget is None or r.cost_on_demand <= options.budget]
+    return min(ok, key=lambda r: (hours_on_offer(r), r.cost_on_demand), default=None)
+
+
+def _messages(est, rows, multi, cheapest, fastest, options) -> list[str]:
+    out = []
+    if cheapest and cheapest.break_even_hours_per_month and cheapest.offer:
+        hours = cheapest.offer["hours"]
+        runs = cheapest.break_even_hours_per_month / hours if hours else math.inf
+        out.append(f"{cheapest.offer['provider']} {cheapest.offer['instance']}: renting monthly beats hourly "
+                   f"once you use it more than {cheapest.break_even_hours_per_month:.0f} h a month "
+                   f"(about {runs:.0f} runs of this job).")
+    if options.deadline_hours is not None and cheapest is None:
+        out.append(f"no priced option finishes within the deadline of {options.deadline_hours:g} h.")
+    if options.budget is not None and fastest is None:
+        out.append(f"no priced option costs less than the budget of {options.budget:g} {options.currency}.")
+    return out
+
+
+def no_fit_message(est: Estimates, gpus: tuple[Gpu, ...], options: Options) -> str:
+    """Why nothing fits, with the numbers, for the error the CLI shows."""
+    biggest = max(gpus, key=lambda g: g.memory_bytes)
+    fsdp = plan_card(est, biggest, options, options.max_gpus, "fsdp")
+    return (f"this job fits no card in the catalog, not even {options.max_gpus} × {biggest.name} with FSDP: "
+            f"one sample needs {fsdp.needed_bytes / GiB:.1f} GiB per card there (of "
+            f"{biggest.memory_bytes / GiB:.0f} GiB; parameters + gradients + optimizer state are "
+            f"{est.sharded_state_bytes / GiB:.1f} GiB before sharding, activations "
+            f"{est.cuda_memory.per_sample_bytes / GiB:.2f} GiB per sample). Turn on model.gradient_checkpointing, use "
+            f"train.precision=bf16, a smaller model, or raise --gpus-per-node.")

@@ -1,0 +1,179 @@
+"""The training job a RunConfig describes, and its estimates: memory as a function of the micro-batch,
+FLOPs and bytes per optimizer step, how many steps, how much data.
+
+Memory is traced at two micro-batch sizes. Forward/backward memory grows linearly with the micro-batch
+(activations), the optimizer step's does not; the two lines give the largest micro-batch a card holds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from trainwise.config import RunConfig
+from trainwise.errors import ConfigError
+from trainwise.plan.advise import Estimates, PeakCurve
+from trainwise.plan.memory import DeviceKind, StepTrace, TrainingStep, trace_step
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: its training step, its length, its data."""
+
+    step: TrainingStep
+    batch_size: int  # effective: samples per optimizer step
+    total_steps: int
+    steps_per_epoch: int
+    num_train: int
+    dataset_bytes: int  # all splits, as held in memory
+    sample_bytes: int
+    precision_requested: str
+    cpu_precision: str  # what the run computes in on a CPU (`auto` is fp32 there)
+    checkpoints_kept: int  # step checkpoints + last + best
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """The traces of one device kind and the peak curve through them."""
+
+    device_kind: DeviceKind
+    curve: PeakCurve
+    traces: tuple[StepTrace, ...]
+
+    def peak_bytes(self, micro_batch: int) -> int:
+        for trace in self.traces:
+            if trace.micro_batch_size == micro_batch:
+                return trace.peak_bytes
+        return int(self.curve.peak(micro_batch))
+
+    def trace_at(self, micro_batch: int) -> StepTrace:
+        return next(t for t in self.traces if t.micro_batch_size == micro_batch)
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    job: Job
+    memory: dict[str, MemoryModel]  # device kind -> model
+    flops_per_sample: float  # forward + backward (+ recompute), per training sample
+    bytes_per_sample: float  # memory traffic (op outputs written), per sample
+    ops_per_micro_batch: int  # aten ops (kernel launches on a GPU) of one micro-batch
+    optimizer_bytes: int  # traffic of clipping + optimizer step, once per optimizer step
+    optimizer_ops: int
+    parameter_count: int
+    parameter_bytes: int
+    optimizer_state_bytes: int
+    largest_module_parameter_bytes: int
+
+
+# ---- from a RunConfig --------------------------------------------------------------------------------------
+
+def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
+    from trainwise.recipes.factories import build_data, build_model
+
+    bundle = build_data(config)
+    spec = bundle.spec
+    train = config.train
+    micro = train.micro_batch_size or train.batch_size
+    notes = []
+    precision = train.precision
+    if precision == "auto":
+        precision = "bf16"
+        notes.append("precision `auto` is planned as bf16 (what it resolves to on bf16 cards: Ampere and "
+                     "newer); older cards (T4, V100) would run fp16, with the same memory.")
+
+    if config.model.compile:
+        notes.append("model.compile is planned as eager PyTorch; torch.compile usually needs less activation "
+                     "memory and time, so the plan errs on the safe side.")
+
+    def build():
+        return build_model(config, spec)
+
+    step = TrainingStep(
+        build_model=build, input_shape=tuple(spec.input_shape), input_dtype=spec.input_dtype,
+        task=spec.task, num_classes=spec.num_classes, micro_batch_size=micro,
+        accumulation_steps=train.batch_size // micro, precision=precision, optimizer=config.optim.name,
+        optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
+                        "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
+        grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind)
+    num_train = spec.num_train or len(bundle.train)
+    steps_per_epoch = max(1, math.ceil(num_train / train.batch_size))
+    total = train.max_steps or math.ceil(train.epochs * steps_per_epoch)
+    sample_bytes = math.prod(spec.input_shape) * torch.empty((), dtype=spec.input_dtype).element_size()
+    samples = sum(len(split) for split in (bundle.train, bundle.val, bundle.test) if split is not None)
+    return Job(step=step, batch_size=train.batch_size, total_steps=total, steps_per_epoch=steps_per_epoch,
+               num_train=num_train, dataset_bytes=samples * (sample_bytes + 8), sample_bytes=sample_bytes,
+               precision_requested=train.precision,
+               cpu_precision="fp32" if train.precision == "auto" else precision, checkpoints_kept=config.checkpoint.keep_last + 2,
+               notes=tuple(notes))
+
+
+# ---- estimating -------------------------------------------------------------------------------------------
+
+def traced_sizes(micro_batch: int, batch_size: int) -> tuple[int, ...]:
+    """Micro-batches to trace: 1, the recipe's, and the whole batch (no card runs more than the batch at
+    once), so every micro-batch a plan may choose lies between two traced ones."""
+    return tuple(sorted({1, micro_batch, batch_size, 2 if batch_size == 1 else batch_size}))
+
+
+def estimate_job(job: Job, device_kinds: tuple[DeviceKind, ...] = ("cuda", "cpu")) -> JobEstimate:
+    """Trace the step at a few micro-batch sizes for each device kind; per-sample costs from the largest two."""
+    micro = job.step.micro_batch_size
+    sizes = traced_sizes(micro, job.batch_size)
+    memory: dict[str, MemoryModel] = {}
+    for kind in device_kinds:
+        step = job.step.on(kind)
+        if kind == "cpu":
+            step = replace(step, precision=job.cpu_precision)
+        memory[kind] = fit_memory(kind, tuple(_trace(step.at_micro_batch(size)) for size in sizes))
+    model = memory[device_kinds[0]]
+    own, small, large = model.trace_at(micro), model.traces[0], model.traces[-1]
+    span = large.micro_batch_size - small.micro_batch_size
+    return JobEstimate(
+        job=job, memory=memory,
+        flops_per_sample=max((large.micro_batch_flops - small.micro_batch_flops) / span, 0.0),
+        bytes_per_sample=max((large.micro_batch_bytes_written - small.micro_batch_bytes_written) / span, 0.0),
+        ops_per_micro_batch=own.micro_batch_ops, optimizer_bytes=own.optimizer_bytes_written,
+        optimizer_ops=own.optimizer_ops, parameter_count=own.parameter_count,
+        parameter_bytes=own.parameter_bytes, optimizer_state_bytes=own.optimizer_state_bytes,
+        largest_module_parameter_bytes=own.largest_module_parameter_bytes)
+
+
+def fit_memory(kind: DeviceKind, traces: tuple[StepTrace, ...]) -> MemoryModel:
+    curve = PeakCurve(points=tuple((t.micro_batch_size, float(t.micro_batch_peak_bytes)) for t in traces),
+                      optimizer_peak_bytes=float(max(t.optimizer_peak_bytes for t in traces)))
+    return MemoryModel(device_kind=kind, curve=curve, traces=tuple(traces))
+
+
+def _trace(step: TrainingStep) -> StepTrace:
+    try:
+        return trace_step(step)
+    except ConfigError:
+        raise
+    except Exception as error:  # a model that cannot run on fake tensors: say which, and what to do
+        raise ConfigError(
+            f"plan: could not trace one training step of this model on fake tensors ({type(error).__name__}: "
+            f"{error}). The model must run on tensors without data: avoid .item(), .numpy() or data-dependent "
+            "Python control flow in forward, or use `trainwise plan --probe` on a machine that can run it."
+        ) from None
+
+
+def advice_inputs(estimate: JobEstimate):
+    """The plain numbers advise.py works on."""
+
+    job, cuda, cpu = estimate.job, estimate.memory["cuda"], estimate.memory.get("cpu", estimate.memory["cuda"])
+    first = cuda.trace_at(job.step.micro_batch_size)
+    sharded = first.parameter_bytes * 2 + estimate.optimizer_state_bytes
+    return Estimates(
+        batch_size=job.batch_size, micro_batch_size=job.step.micro_batch_size, total_steps=job.total_steps,
+        steps_per_epoch=job.steps_per_epoch, precision=job.step.precision, cpu_precision=job.cpu_precision,
+        cuda_memory=cuda.curve, cpu_memory=cpu.curve,
+        sharded_state_bytes=sharded, largest_module_parameter_bytes=estimate.largest_module_parameter_bytes,
+        flops_per_sample=estimate.flops_per_sample, bytes_per_sample=estimate.bytes_per_sample,
+        ops_per_micro_batch=estimate.ops_per_micro_batch, optimizer_bytes=estimate.optimizer_bytes,
+        optimizer_ops=estimate.optimizer_ops,
+        has_convolutions=any("convolution" in op for op in first.flops_by_op),
+        dataset_bytes=job.dataset_bytes, sample_bytes=job.sample_bytes,
+        checkpoint_bytes=first.parameter_bytes + estimate.optimizer_state_bytes,
+        checkpoints_kept=job.checkpoints_kept)

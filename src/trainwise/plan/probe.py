@@ -1,0 +1,195 @@
+"""What the present machine is, and what a few real training steps cost on it (`trainwise plan --probe`).
+
+Probes only read facts and time things; every decision over them is in advise.py. Peak memory is measured
+by the allocator itself: on CUDA `torch.cuda.max_memory_allocated` after a warm-up step; on CPU the
+allocation events of torch.profiler (each records the bytes the CPU allocator handed out or took back).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainwise.plan.memory import (TrainingStep, make_batch, make_optimizer, run_optimizer_step,
+                                   warm_and_steady_batches)
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """The present machine, as the advice needs it."""
+
+    cpu_model: str
+    cpu_cores: int  # logical cores torch may use
+    cpu_max_mhz: float | None
+    cpu_flags: tuple[str, ...]  # the vector-unit flags that set peak FLOP/s: avx512f, avx2, fma, ...
+    ram_bytes: int
+    ram_available_bytes: int
+    disk_free_bytes: int
+    torch_threads: int
+    gpus: tuple[dict, ...] = field(default_factory=tuple)  # {"name", "memory_bytes", "capability"}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_machine(disk_path: str | Path = ".") -> MachineFacts:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    frequency = None
+    try:
+        freq = psutil.cpu_freq()
+        frequency = float(freq.max or freq.current) if freq else None
+    except (NotImplementedError, FileNotFoundError, AttributeError):
+        pass
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            gpus.append({"name": props.name, "memory_bytes": int(props.total_memory),
+                         "capability": f"{props.major}.{props.minor}"})
+    return MachineFacts(cpu_model=_cpu_model(), cpu_cores=os.cpu_count() or 1, cpu_max_mhz=frequency,
+                        cpu_flags=_cpu_flags(), ram_bytes=int(memory.total),
+                        ram_available_bytes=int(memory.available),
+                        disk_free_bytes=int(shutil.disk_usage(_existing(Path(disk_path))).free),
+                        torch_threads=torch.get_num_threads(), gpus=tuple(gpus))
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    wanted = {"avx512f", "avx512_bf16", "amx_bf16", "avx2", "fma", "asimd", "sve"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return tuple(sorted(wanted & set(line.split(":", 1)[1].split())))
+    except OSError:
+        pass
+    return ("asimd",) if platform.machine() in ("arm64", "aarch64") else ()
+
+
+# ---- measuring real steps --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeResult:
+    device: str
+    steps_timed: int
+    step_time_s: float  # median seconds per optimizer step, warm-up excluded
+    peak_bytes: int  # allocator peak over a warm-up step and a steady one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_peak_bytes(run: Callable[[], None]) -> int:
+    """Peak bytes the CPU allocator had handed out while `run` ran (from the start of `run`)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # kineto logs "profiler_start/stop" lines to fd 2, noise in a plan
+        prof.__enter__()
+    try:
+        run()
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+    events: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
+            events.append((node.start_time_ns, node.typed[1].alloc_size))
+        stack.extend(node.children)
+    events.sort()
+    live = peak = 0
+    for _, size in events:
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
+    """Real peak of what trace_step estimates: model, optimizer, a warm-up step and a steady step."""
+    def two_steps() -> None:
+        model = step.build_model().to(device)
+        optimizer = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
+        warm, steady = warm_and_steady_batches(step, lambda: make_batch(step, device))
+        run_optimizer_step(step, model, optimizer, warm, device.type)
+        del warm
+        run_optimizer_step(step, model, optimizer, steady, device.type)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        two_steps()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    return cpu_peak_bytes(two_steps)
+
+
+def probe_steps(step: TrainingStep, device: torch.device, *, steps: int = 5,
+                time_limit_s: float = 20.0) -> ProbeResult:
+    """Time a few real optimizer steps on `device` (after one warm-up) and measure the peak memory."""
+    peak = measured_peak_bytes(step, device)
+    model = step.build_model().to(device)
+    optimizer = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
+    batches = [make_batch(step, device) for _ in range(step.accumulation_steps)]
+    run_optimizer_step(step, model, optimizer, batches, device.type)  # warm-up: lazy init, kernel choice
+    times: list[float] = []
+    started = time.perf_counter()
+    for _ in range(steps):
+        _synchronize(device)
+        t0 = time.perf_counter()
+        run_optimizer_step(step, model, optimizer, batches, device.type)
+        _synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - started > time_limit_s:
+            break
+    return ProbeResult(device=str(device), steps_timed=len(times), step_time_s=statistics.median(times),
+                       peak_bytes=peak)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
