@@ -12,12 +12,22 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_MODE = _default_mode()  # mkstemp makes 0600 files; a written file should look like any other
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Path:
     """Call `write(file)` on a temporary file, then move it to `path` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _MODE)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

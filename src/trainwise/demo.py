@@ -24,6 +24,6 @@ def demo_run(out: str | Path, *, overwrite: bool = False, console: Console | Non
     console.print(f"[bold]digits[/]: {summary['steps']} steps in {summary['timings']['wall_s']:.1f} s on "
                   f"{summary['device']} ({summary['precision']})")
     console.print(f"test accuracy {metrics['accuracy']:.2%} (balanced {metrics['balanced_accuracy']:.2%}) "
-                  f"on {metrics.get('support_total', metrics.get('n', '?'))} held-out images")
+                  f"on {metrics['samples']} held-out images")
     console.print(f"run directory: {run.path}\nreport:        {report}")
     return run

@@ -109,7 +109,7 @@ class Trainer:
         else:
             self.run_dir.write_config(self.config)
             self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in "
-                                   f"{self.precision}", evidence={"device": str(self.device), "tf32": self.tf32,
+                                   f"{self.precision}", step=0, evidence={"device": str(self.device), "tf32": self.tf32,
                                    "precision": self.precision, "accumulation_steps": self.accumulation_steps})
         self._write_summary("running", started)
         self.callbacks.on_fit_start(self)
