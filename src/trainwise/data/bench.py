@@ -1,0 +1,160 @@
+"""`trainwise data bench DIR`: can the loader keep the model fed?
+
+Two thin probes — loader samples/s at each worker count, and the model's samples/s on a batch already on
+the device (a few forward/backward/optimizer steps) — and one pure decision, `bench_verdict`, over the
+numbers they return.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler
+
+from trainwise.data.loader import build_loader, choose_loader_settings
+from trainwise.data.prepared import PreparedDataset, data_spec
+from trainwise.data.shards import read_manifest
+from trainwise.errors import DataError
+
+HEADROOM = 1.2  # the loader should beat the model by this much: step times jitter, workers get descheduled
+
+
+@dataclass(frozen=True)
+class Verdict:
+    bottleneck: bool
+    """True when even the best worker count delivers fewer samples/s than the model consumes."""
+    workers: str
+    """The `data.num_workers` value to set: "auto" or a count."""
+    message: str
+
+
+def bench_verdict(loader_rates: dict[str, float], model_rate: float) -> Verdict:
+    """The first setting (in the order measured, cheapest first) that delivers `HEADROOM` × what the model
+    consumes; else the fastest one. Keys are `data.num_workers` values: "auto", "0", "2", ..."""
+    if not loader_rates:
+        raise ValueError("no loader measurements")
+    best_setting = max(loader_rates, key=loader_rates.get)
+    best = loader_rates[best_setting]
+    enough = [setting for setting, rate in loader_rates.items() if rate >= HEADROOM * model_rate]
+    if enough:
+        setting = enough[0]
+        return Verdict(False, setting, f"the loader delivers {loader_rates[setting]:,.0f} samples/s with "
+                       f"num_workers={setting}, the model consumes {model_rate:,.0f}: data will not be the "
+                       f"bottleneck; set data.num_workers={setting}")
+    if best >= model_rate:
+        return Verdict(False, best_setting, f"the loader delivers {best:,.0f} samples/s with num_workers="
+                       f"{best_setting}, the model consumes {model_rate:,.0f}: data keeps up, with little "
+                       f"headroom; set data.num_workers={best_setting}")
+    share = best / model_rate if model_rate else 0.0
+    return Verdict(True, best_setting, f"the loader delivers {best:,.0f} samples/s at best (num_workers="
+                   f"{best_setting}), the model consumes {model_rate:,.0f}: data will be the bottleneck (the GPU "
+                   f"waits {1 - share:.0%} of the time); set data.num_workers={best_setting}, and prepare smaller "
+                   "images (--size) or run on a machine with more CPU cores")
+
+
+def loader_rate(dataset: PreparedDataset, *, workers: int | str, batch_size: int, device: torch.device,
+                seconds: float = 2.0, seed: int = 0) -> float:
+    """Samples/s of shuffled batches through trainwise's loader, copied to `device`, after the first batch
+    (worker start-up is not throughput)."""
+    settings = choose_loader_settings(device, workers)
+    generator = torch.Generator().manual_seed(seed)
+    sampler = BatchSampler(RandomSampler(dataset, generator=generator), batch_size, drop_last=False)
+    loader = build_loader(dataset, sampler, settings, generator=generator)
+    samples, started = 0, None
+    for _ in range(100):  # passes; a small dataset is read several times to fill the time budget
+        for inputs, targets in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            if started is None:
+                started = time.perf_counter()
+                continue
+            samples += len(inputs)
+            if time.perf_counter() - started >= seconds:
+                break
+        if started is not None and time.perf_counter() - started >= seconds:
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    return samples / elapsed if elapsed > 0 and samples else 0.0
+
+
+def model_rate(config, spec, *, device: torch.device, batch_size: int, steps: int = 8) -> float:
+    """Samples/s of forward + backward + optimizer steps (the recipe's) on one random batch on `device`."""
+    from trainwise.recipes.factories import build_model
+    from trainwise.train.optim import build_optimizer
+    from trainwise.train.precision import autocast, resolve_precision
+
+    precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
+    model = build_model(config, spec).to(device)
+    optimizer = build_optimizer(model, config.optim)
+    inputs = torch.randn(batch_size, *spec.input_shape, device=device)
+    if spec.task == "classification":
+        targets = torch.randint(0, spec.num_classes or 2, (batch_size,), device=device)
+        loss_fn = torch.nn.functional.cross_entropy
+    else:
+        targets = torch.randn(batch_size, 1, device=device)
+        loss_fn = torch.nn.functional.mse_loss
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(precision, device):
+            loss = loss_fn(model(inputs).float(), targets)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(2):  # warm-up: allocator, cuDNN autotune
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return steps * batch_size / (time.perf_counter() - started)
+
+
+@dataclass
+class BenchResult:
+    loader: dict[str, float]
+    model: float
+    batch_size: int
+    device: str
+    recipe: str
+    verdict: Verdict
+
+
+def bench(directory: str | Path, *, recipe: str | None = None, workers: list[int | str] | None = None,
+          batch_size: int | None = None, split: str = "train", seconds: float = 2.0,
+          device: str | None = None, overrides: list[str] | None = None) -> BenchResult:
+    """Measure the loader at each worker count and the recipe's model, and decide."""
+    from trainwise.recipes import load_recipe
+    from trainwise.train.device import resolve_device
+
+    manifest = read_manifest(directory)
+    if manifest["kind"] == "interactions":
+        raise DataError(f"{directory}: `data bench` needs a built-in model to compare with; interactions "
+                        "datasets have none.")
+    recipe = recipe or ("image-folder" if manifest["kind"] == "images" else "table")
+    config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
+    torch_device = resolve_device(device or config.train.device)
+    batch = batch_size or config.train.micro_batch_size or config.train.batch_size
+    dataset = PreparedDataset(directory, split, manifest=manifest)
+    if not len(dataset):
+        raise DataError(f"{directory}: the {split} split is empty.")
+    counts = workers if workers is not None else _worker_counts()
+    rates = {str(w): loader_rate(dataset, workers=w, batch_size=batch, device=torch_device, seconds=seconds)
+             for w in counts}
+    consumed = model_rate(config, data_spec(manifest), device=torch_device, batch_size=batch)
+    return BenchResult(rates, consumed, batch, str(torch_device), recipe, bench_verdict(rates, consumed))
+
+
+def _worker_counts() -> list[int | str]:
+    """`auto` (for prepared data: a background thread, no worker processes), then 0 up to what auto would
+    give a per-sample dataset."""
+    most = choose_loader_settings(torch.device("cpu"), "auto").num_workers
+    counts = {0, most}
+    counts.update(c for c in (1, 2, 4, 8) if c < most)
+    return ["auto", *sorted(counts)]
