@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainwise.data.tables import find_column as find_table_column
 from trainwise.errors import DataError
 
 USER_NAMES = ("user", "user_id", "userid", "customer_id", "visitorid", "session_id")
@@ -34,15 +35,7 @@ def read_movielens_dat(path: Path) -> dict[str, np.ndarray]:
 
 def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
                 path: Path) -> str:
-    if given:
-        if given not in columns:
-            raise DataError(f"{path}: no {role} column {given!r}; columns: {', '.join(columns)}.")
-        return given
-    for name in columns:
-        if name.lower() in names:
-            return name
-    raise DataError(f"{path}: cannot tell which column is the {role}; pass --{role}-col NAME "
-                    f"(columns: {', '.join(columns)}).")
+    return find_table_column(columns, given, names, role, path, f"--{role}-col")
 
 
 def looks_like_interactions(columns: dict[str, np.ndarray]) -> bool:

@@ -72,16 +72,22 @@ def _read_csv_module(path: Path) -> dict[str, np.ndarray]:
     return columns
 
 
-def find_label(columns: dict[str, np.ndarray], label: str | None, path: Path) -> str:
-    if label:
-        if label not in columns:
-            raise DataError(f"{path}: no label column {label!r}; columns: {', '.join(columns)}.")
-        return label
+def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
+                path: Path, flag: str) -> str:
+    """The column playing `role`: the one the user named, else the first whose name is a usual one."""
+    if given:
+        if given not in columns:
+            raise DataError(f"{path}: no {role} column {given!r}; columns: {', '.join(columns)}.")
+        return given
     for name in columns:
-        if name.lower() in LABEL_NAMES:
+        if name.lower() in names:
             return name
-    raise DataError(f"{path}: which column is the label? None is called {'/'.join(LABEL_NAMES)}; "
-                    f"pass --label NAME (columns: {', '.join(columns)}).")
+    raise DataError(f"{path}: which column is the {role}? None is called {'/'.join(names)}; "
+                    f"pass {flag} NAME (columns: {', '.join(columns)}).")
+
+
+def find_label(columns: dict[str, np.ndarray], label: str | None, path: Path) -> str:
+    return find_column(columns, label, LABEL_NAMES, "label", path, "--label")
 
 
 def choose_task(values: np.ndarray, task: str) -> str:
