@@ -1,0 +1,129 @@
+"""GPU health, pure over `GpuFacts`: temperature, throttling, memory errors, persistence mode, and whether
+someone else is already on the card."""
+from __future__ import annotations
+
+from trainwise.config import TelemetryConfig
+from trainwise.doctor.facts import GpuFacts
+from trainwise.doctor.findings import Finding
+from trainwise.telemetry.nvml import HARDWARE_REASONS, POWER_REASONS, THERMAL_REASONS
+
+GIB = 2**30
+BUSY_FRACTION = 0.05  # an idle card holds a few hundred MB of driver state; more means another job
+BUSY_UTILIZATION_PCT = 50  # a busy card at its power limit is working as designed
+
+
+def gpu_health_findings(gpus: list[GpuFacts], thresholds: TelemetryConfig) -> list[Finding]:
+    findings = []
+    for gpu in gpus:
+        findings += [temperature(gpu, thresholds), throttling(gpu), memory_errors(gpu), persistence(gpu),
+                     in_use(gpu)]
+    return [f for f in findings if f is not None]
+
+
+def temperature(g: GpuFacts, t: TelemetryConfig) -> Finding | None:
+    if g.temperature_c is None:
+        return None
+    title = f"GPU {g.index} temperature"
+    evidence = {"gpu": g.index, "temperature_c": g.temperature_c, "warn_c": t.temperature_warn_c,
+                "fail_c": t.temperature_fail_c, "slowdown_c": g.slowdown_temperature_c, "fan_pct": g.fan_pct,
+                "utilization_pct": g.utilization_pct}
+    fan = "" if g.fan_pct is None else f", fan {g.fan_pct}%"
+    line = f"{g.name} at {g.temperature_c} °C{fan}"
+    fix = (f"Check the cooling: airflow and fans, dust, inlet temperature; watch it with `nvidia-smi -q -i {g.index} "
+           "-d TEMPERATURE,PERFORMANCE`.")
+    if g.fan_pct == 0 and g.temperature_c >= t.temperature_warn_c:
+        return Finding("fail", title, f"{line}: hot and the fan is not spinning", evidence, fix)
+    if g.temperature_c >= t.temperature_fail_c:
+        return Finding("fail", title, f"{line} (≥ {t.temperature_fail_c:.0f} °C): the card slows itself down and "
+                       "risks damage", evidence, fix)
+    if g.temperature_c >= t.temperature_warn_c:
+        return Finding("warn", title, f"{line} (≥ {t.temperature_warn_c:.0f} °C): close to thermal slowdown",
+                       evidence, fix)
+    return Finding("ok", title, line, evidence)
+
+
+def throttling(g: GpuFacts) -> Finding | None:
+    if g.throttle_reasons is None:
+        return None
+    active = set(g.throttle_reasons)
+    title = f"GPU {g.index} clocks"
+    evidence = {"gpu": g.index, "throttle_reasons": g.throttle_reasons, "sm_clock_mhz": g.sm_clock_mhz,
+                "max_sm_clock_mhz": g.max_sm_clock_mhz, "power_w": g.power_w, "power_limit_w": g.power_limit_w}
+    clocks = f" (SM {g.sm_clock_mhz} of {g.max_sm_clock_mhz} MHz)" if g.sm_clock_mhz and g.max_sm_clock_mhz else ""
+    if hardware := sorted(active & set(HARDWARE_REASONS)):
+        return Finding("fail", title, f"hardware slowdown active: {', '.join(hardware)}{clocks}: overheating or "
+                       "the power supply cannot deliver", evidence,
+                       f"nvidia-smi -q -i {g.index} -d PERFORMANCE,POWER,TEMPERATURE   # then check cooling and "
+                       "PSU/power cables")
+    if thermal := sorted(active & set(THERMAL_REASONS)):
+        return Finding("warn", title, f"thermal throttling: {', '.join(thermal)}{clocks}", evidence,
+                       "Improve cooling (airflow, fan curve, room temperature); training runs slower until then.")
+    if power := sorted(active & set(POWER_REASONS)):
+        limit = f" at {g.power_limit_w:.0f} W" if g.power_limit_w else ""
+        if (g.utilization_pct or 0) >= BUSY_UTILIZATION_PCT:
+            return Finding("ok", title, f"power capped{limit} under load ({g.utilization_pct}% busy): normal for a "
+                           f"card drawing its full power{clocks}", evidence)
+        return Finding("warn", title, f"power capped{limit} while nearly idle: {', '.join(power)}{clocks}", evidence,
+                       f"nvidia-smi -q -i {g.index} -d POWER   # if the limit was lowered: sudo nvidia-smi -i "
+                       f"{g.index} -pl <default limit>")
+    return Finding("ok", title, f"not throttled{clocks}", evidence)
+
+
+def memory_errors(g: GpuFacts) -> Finding | None:
+    if g.ecc_enabled is None and g.row_remap_pending is None:
+        return None  # consumer cards: no ECC to read
+    title = f"GPU {g.index} memory errors"
+    evidence = {"gpu": g.index, "ecc_enabled": g.ecc_enabled, "corrected_volatile": g.ecc_corrected_volatile,
+                "uncorrected_volatile": g.ecc_uncorrected_volatile,
+                "uncorrected_aggregate": g.ecc_uncorrected_aggregate, "row_remap_pending": g.row_remap_pending,
+                "row_remap_failure": g.row_remap_failure}
+    reset = f"sudo nvidia-smi -r -i {g.index}"
+    if g.row_remap_failure:
+        return Finding("fail", title, "row remapping failed: the card has run out of spare memory rows", evidence,
+                       "Take the card out of service and ask the provider/vendor for a replacement (RMA).")
+    if g.ecc_uncorrected_volatile:
+        return Finding("fail", title, f"{g.ecc_uncorrected_volatile} uncorrectable ECC error(s) since the driver "
+                       "loaded: results on this card cannot be trusted", evidence,
+                       f"Stop jobs on GPU {g.index}, reset it ({reset}); if errors return, request an RMA.")
+    if g.row_remap_pending:
+        return Finding("warn", title, "a memory row remap is pending: it takes effect after a GPU reset", evidence,
+                       f"Stop jobs on GPU {g.index}, then {reset}")
+    if g.ecc_uncorrected_aggregate:
+        return Finding("warn", title, f"{g.ecc_uncorrected_aggregate} uncorrectable ECC error(s) over the card's "
+                       "life (none since the driver loaded)", evidence,
+                       f"nvidia-smi -q -i {g.index} -d ECC,ROW_REMAPPER   # watch whether the count grows")
+    if g.ecc_enabled is False:
+        return Finding("ok", title, "ECC is off: memory errors go undetected", evidence,
+                       f"sudo nvidia-smi -i {g.index} -e 1 && {reset}   # costs a few % memory")
+    return Finding("ok", title, "no uncorrectable ECC errors", evidence)
+
+
+def persistence(g: GpuFacts) -> Finding | None:
+    if g.persistence_mode is None:
+        return None
+    title = f"GPU {g.index} persistence mode"
+    if g.persistence_mode:
+        return Finding("ok", title, "persistence mode on", {"gpu": g.index, "persistence_mode": True})
+    return Finding("warn", title, "persistence mode off: the driver unloads between jobs, so every start waits "
+                   "seconds to re-initialise the GPU", {"gpu": g.index, "persistence_mode": False},
+                   "sudo systemctl enable --now nvidia-persistenced   # or: sudo nvidia-smi -pm 1")
+
+
+def in_use(g: GpuFacts) -> Finding | None:
+    if g.memory_total_bytes is None or g.memory_used_bytes is None:
+        return None
+    title = f"GPU {g.index} in use"
+    used, total = g.memory_used_bytes, g.memory_total_bytes
+    evidence = {"gpu": g.index, "memory_used_bytes": used, "memory_total_bytes": total,
+                "utilization_pct": g.utilization_pct,
+                "processes": [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
+                              for p in g.processes]}
+    line = f"{used / GIB:.1f} of {total / GIB:.0f} GiB used"
+    if g.processes or used > BUSY_FRACTION * total:
+        who = ", ".join(f"{p.name or '?'} (pid {p.pid})" for p in g.processes[:3]) or \
+              "processes not visible from here (another container?)"
+        return Finding("warn", title, f"{line} by {len(g.processes) or 'unknown'} other process(es): {who}; "
+                       "your run gets what is left", evidence,
+                       f"nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv -i {g.index}"
+                       "   # then stop them, or pick another GPU with CUDA_VISIBLE_DEVICES")
+    return Finding("ok", title, f"free: {line}", evidence)

@@ -1,0 +1,127 @@
+"""Telemetry alerts: pure rules from samples (and the trainer's data-wait share) to events.
+
+A condition raises one event when it starts or gets worse, not one per sample; it re-arms once it clears.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainwise.config import TelemetryConfig
+from trainwise.errors import ConfigError
+from trainwise.telemetry.nvml import HARDWARE_REASONS, POWER_REASONS, THERMAL_REASONS
+
+STARVED_LOGS_IN_A_ROW = 2  # the first log window includes worker start-up: one high reading proves nothing
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    """gpu_temperature, gpu_throttle or data_starvation (the `kind` in events.jsonl)."""
+    severity: str
+    """info, warning or error."""
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def thresholds_from(**fields: Any) -> TelemetryConfig:
+    """A TelemetryConfig from user-given thresholds, with a ConfigError that names the bad one."""
+    try:
+        settings = TelemetryConfig(**fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise ConfigError(f"telemetry.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if settings.temperature_warn_c >= settings.temperature_fail_c:
+        raise ConfigError(f"the warning temperature ({settings.temperature_warn_c:g} °C) must be below the failure "
+                          f"temperature ({settings.temperature_fail_c:g} °C).")
+    return settings
+
+
+def temperature_level(temperature_c: float | None, settings: TelemetryConfig) -> str | None:
+    """None, "warning" (≥ warn) or "error" (≥ fail)."""
+    if temperature_c is None:
+        return None
+    if temperature_c >= settings.temperature_fail_c:
+        return "error"
+    if temperature_c >= settings.temperature_warn_c:
+        return "warning"
+    return None
+
+
+def throttle_level(reasons: list[str] | None) -> tuple[str, list[str]] | None:
+    """(severity, the reasons that matter) for the throttle reasons that cost speed, else None."""
+    active = set(reasons or [])
+    if hardware := sorted(active & set(HARDWARE_REASONS)):
+        return "error", hardware
+    if thermal := sorted(active & set(THERMAL_REASONS)):
+        return "warning", thermal
+    if power := sorted(active & set(POWER_REASONS)):
+        return "info", power  # drawing the full power limit under heavy load is normal; worth knowing
+    return None
+
+
+def is_starved(data_wait_fraction: float, gpu_utilization: list[float], settings: TelemetryConfig) -> bool:
+    """The step waits on data a lot while the GPUs idle. With no GPU, the data wait alone decides."""
+    if data_wait_fraction <= settings.starvation_wait_above:
+        return False
+    if not gpu_utilization:
+        return True
+    return sum(gpu_utilization) / len(gpu_utilization) < settings.starvation_util_below
+
+
+_SEVERITY_RANK = {None: 0, "info": 1, "warning": 2, "error": 3}
+
+
+class AlertRules:
+    """Remembers which conditions are active so each episode is reported once. No I/O."""
+
+    def __init__(self, settings: TelemetryConfig):
+        self.settings = settings
+        self._active: dict[tuple, str] = {}
+        self._starved_in_a_row = 0
+
+    def check_sample(self, sample: dict[str, Any]) -> list[Alert]:
+        alerts = []
+        for gpu in sample.get("gpus") or []:
+            i, temp = gpu.get("index"), gpu.get("temperature_c")
+            level = temperature_level(temp, self.settings)
+            if self._starts(("temperature", i), level):
+                limit = self.settings.temperature_fail_c if level == "error" else self.settings.temperature_warn_c
+                alerts.append(Alert("gpu_temperature", level, f"GPU {i} at {temp} °C (≥ {limit:g} °C): check its "
+                                    "cooling", {"gpu": i, "temperature_c": temp, "threshold_c": limit,
+                                                "fan_pct": gpu.get("fan_pct")}))
+            throttle = throttle_level(gpu.get("throttle_reasons"))
+            if self._starts(("throttle", i), throttle[0] if throttle else None):
+                severity, reasons = throttle
+                alerts.append(Alert("gpu_throttle", severity, f"GPU {i} clocks throttled: {', '.join(reasons)} "
+                                    f"(SM {gpu.get('sm_clock_mhz')} MHz)", {"gpu": i, "reasons": reasons,
+                                    "sm_clock_mhz": gpu.get("sm_clock_mhz"), "power_w": gpu.get("power_w"),
+                                    "temperature_c": temp}))
+        return alerts
+
+    def check_starvation(self, data_wait_fraction: float, gpu_utilization: list[float]) -> list[Alert]:
+        starved = is_starved(data_wait_fraction, gpu_utilization, self.settings)
+        self._starved_in_a_row = self._starved_in_a_row + 1 if starved else 0
+        level = "warning" if self._starved_in_a_row >= STARVED_LOGS_IN_A_ROW else None
+        if not self._starts(("starvation",), level, clear=not starved):
+            return []
+        util = f", GPU utilisation {sum(gpu_utilization) / len(gpu_utilization):.0f}%" if gpu_utilization else ""
+        return [Alert("data_starvation", "warning", f"data-starved: {data_wait_fraction:.0%} of step time waits for "
+                      f"data{util}. Raise data.num_workers, prepare the data into shards (`trainwise prepare`) "
+                      "or lighten augmentation.",
+                      {"data_wait_fraction": data_wait_fraction, "gpu_utilization_pct": gpu_utilization,
+                       "wait_above": self.settings.starvation_wait_above,
+                       "util_below": self.settings.starvation_util_below})]
+
+    def _starts(self, key: tuple, level: str | None, *, clear: bool | None = None) -> bool:
+        """True when `level` is new or worse than what is active for `key`; forgets `key` once it clears."""
+        if level is None:
+            if clear is None or clear:
+                self._active.pop(key, None)
+            return False
+        if _SEVERITY_RANK[level] <= _SEVERITY_RANK[self._active.get(key)]:
+            return False
+        self._active[key] = level
+        return True
