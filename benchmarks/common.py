@@ -15,12 +15,14 @@ def machine() -> dict:
     import psutil
     import torch
 
+    from trainwise.plan.probe import read_machine
+
     info = {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": read_machine().cpu_model,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
@@ -41,13 +43,3 @@ def write_result(name: str, payload: dict) -> Path:
     os.replace(tmp, path)
     print(f"wrote {path}")
     return path
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()

@@ -105,7 +105,7 @@ _register_rooms()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:
         message = Text("error: ", style="bold red") + Text(str(error))
         Console(stderr=True, soft_wrap=True).print(message, highlight=False)
@@ -117,3 +117,4 @@ def main() -> None:
     except ClickException as e:  # usage errors: a missing argument, an unknown option
         e.show()
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

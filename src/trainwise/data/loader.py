@@ -29,13 +29,22 @@ class LoaderSettings:
     """Workers were chosen by `auto`: a dataset that reads in place is then read by threads instead."""
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset may allow fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_workers(cores: int, gpus: int = 1) -> int:
+    """Loader workers per training process: the free cores (one stays with training), at most 8."""
+    return max(0, min(8, cores // max(gpus, 1) - 1))
+
+
 def choose_loader_settings(device: torch.device, num_workers: int | str = "auto",
                            pin_memory: bool | str = "auto", *, gpus: int = 1) -> LoaderSettings:
     """Workers from free cores (one core stays with the training process), pinned memory for CUDA."""
     automatic = num_workers == "auto"
     if automatic:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        num_workers = max(0, min(8, cores // max(gpus, 1) - 1))
+        num_workers = auto_workers(usable_cores(), gpus)
     workers = int(num_workers)
     pin = device.type == "cuda" if pin_memory == "auto" else bool(pin_memory)
     return LoaderSettings(workers, pin, persistent_workers=workers > 0,

@@ -21,6 +21,7 @@ import numpy as np
 
 from trainwise.data import images as image_kind
 from trainwise.data import interactions as interaction_kind
+from trainwise.data.loader import usable_cores
 from trainwise.data import tables as table_kind
 from trainwise.data.splits import split_codes
 from trainwise.data.shards import (FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS, ProgressJournal, read_manifest,
@@ -141,7 +142,7 @@ def source_fingerprint(source: Path) -> str:
 
 
 def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 def disk_warnings(to: Path) -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwise.data.loader import usable_cores
 from trainwise.doctor.disk import DiskFacts, probe_disk
 from trainwise.errors import ConfigError
 
@@ -361,7 +362,7 @@ def probe_host() -> HostFacts:
         os_id=release.get("ID"), os_version_id=release.get("VERSION_ID"), os_name=release.get("PRETTY_NAME"),
         kernel=platform.release(), machine=platform.machine(), cpu_logical=os.cpu_count() or 1,
         cpu_physical=psutil.cpu_count(logical=False),
-        cpu_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        cpu_usable=usable_cores(),
         ram_total_bytes=memory.total, ram_available_bytes=memory.available,
         open_files_soft=_limit(soft), open_files_hard=_limit(hard), shm_total_bytes=shm_total,
         shm_free_bytes=shm_free, in_container=_in_container(),

@@ -1,6 +1,7 @@
 """Host checks, pure over `HostFacts`: CPU cores per GPU, RAM, open-file limit, /dev/shm."""
 from __future__ import annotations
 
+from trainwise.data.loader import auto_workers
 from trainwise.doctor.facts import HostFacts
 from trainwise.doctor.findings import Finding
 
@@ -11,8 +12,8 @@ MIN_SHM_BYTES = 1 * GIB  # Docker's 64 MB default kills workers with "Bus error"
 
 
 def suggested_workers(cores: int, gpus: int) -> int:
-    """DataLoader workers per training process; the same rule as data.loader.choose_loader_settings."""
-    return max(0, min(8, cores // max(gpus, 1) - 1))
+    """DataLoader workers per training process: the rule `data.num_workers: auto` applies."""
+    return auto_workers(cores, gpus)
 
 
 def host_findings(host: HostFacts, *, gpus: int, gpu_memory_bytes: int = 0) -> list[Finding]:
