@@ -53,7 +53,7 @@ def doctor(
         if record is not None:
             console.print(f"facts saved to {record}")
     if worst(findings) == "fail":
-        raise SystemExit(1)  # typer.Exit's code is dropped by cli.main's app(standalone_mode=False)
+        raise typer.Exit(1)
 
 
 def _print_findings(console: Console, findings, description: str) -> None:
