@@ -41,7 +41,15 @@ def recipes() -> None:
     console.print(table)
 
 
-@app.command()
+def _override_reference() -> str:
+    from trainwise.config import field_reference
+
+    lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):", ""]
+    lines += [f"{key} = {default!r}: {description}" for key, default, description in field_reference()]
+    return "\n\n".join(lines)
+
+
+@app.command(epilog=_override_reference())
 def train(
     recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
     overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),

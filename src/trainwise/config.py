@@ -246,6 +246,19 @@ def field_description(dotted: str) -> str | None:
     return info.description if info else None
 
 
+def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Every overridable field as (dotted key, default, description), for `trainwise train --help`."""
+    rows: list[tuple[str, Any, str]] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += field_reference(annotation, f"{prefix}{name}.")
+        else:
+            default = None if info.is_required() else info.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", default, info.description or ""))
+    return rows
+
+
 # ---- messages -----------------------------------------------------------------------------------------
 
 def format_validation_error(error: ValidationError, source: str) -> str:

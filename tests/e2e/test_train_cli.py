@@ -88,5 +88,8 @@ def test_users_own_model_and_data_through_yaml(tmp_path, capsys):
 def test_recipes_and_help(capsys):
     listed = invoke(capsys, "recipes")
     assert listed.returncode == 0 and "digits" in listed.stdout and "breast-cancer" in listed.stdout
+    train_help = invoke(capsys, "train", "--help")
+    assert train_help.returncode == 0
+    assert "optim.lr = 0.001: Peak learning rate" in " ".join(train_help.stdout.split())
     helped = run_cli("--help")
     assert helped.returncode == 0 and "train" in helped.stdout and "resume" in helped.stdout
