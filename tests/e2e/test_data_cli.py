@@ -94,3 +94,23 @@ def test_own_csv_trains_with_the_table_recipe_and_bench_gives_a_verdict(tmp_path
                    "--device", "cpu")
     assert bench.returncode == 0, bench.stderr
     assert "The loader delivers" in " ".join(bench.stdout.split()) and "data.num_workers=" in bench.stdout
+
+
+def test_prepare_an_interaction_log_splits_each_user_by_time(tmp_path, capsys):
+    from tests.data.test_interactions import click_log, read_split
+
+    source = tmp_path / "clicks.csv"
+    with open(source, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["user_id", "item_id", "timestamp", "rating"])
+        writer.writerows(click_log())
+    out = tmp_path / "clicks"
+    result = invoke(capsys, "prepare", str(source), "--to", str(out), "--split", "last-k", "--last-k", "1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "interactions"
+    train_users, _, train_times = read_split(out, "train")
+    test_users, _, test_times = read_split(out, "test")
+    assert len(test_users) == len(set(test_users.tolist()))  # one held-out event per user
+    for user, held_out_time in zip(test_users.tolist(), test_times.tolist()):
+        assert train_times[train_users == user].max(initial=-1) <= held_out_time  # no future in training
+    _refused(invoke(capsys, "prepare", str(source), "--to", str(tmp_path / "x"), "--split", "random"), "--split")
