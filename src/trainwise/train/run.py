@@ -30,9 +30,8 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     bundle = build_data(config)
     check_labels(bundle)
     model = build_model(config, bundle.spec)
-    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
-                      data_spec=bundle.spec, augment=bundle.augment)
-    return trainer
+    return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
+                   data_spec=bundle.spec, augment=bundle.augment)
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,

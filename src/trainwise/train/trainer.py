@@ -98,7 +98,6 @@ class Trainer:
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
-        self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- public ------------------------------------------------------------------------------------
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
