@@ -49,11 +49,12 @@ def init_distributed() -> Ranks:
     return ranks
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when it is true on one: ranks must agree to stop on the same step."""
-    value = torch.tensor(float(flag), device=device if device.type == "cuda" else "cpu")
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag true on every rank when it is true on one, in one small all-reduce: ranks must take every
+    stop decision on the same step. Called at settle points only (log steps, evaluations, checkpoints)."""
+    value = torch.tensor([float(flag) for flag in flags], device=device if device.type == "cuda" else "cpu")
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return [v > 0 for v in value.tolist()]
 
 
 def gather_objects(obj: Any) -> list[Any]:

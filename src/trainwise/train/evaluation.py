@@ -8,27 +8,45 @@ from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
 from trainwise.train.precision import Precision, autocast
-from trainwise.train.sampler import ResumableBatchSampler
 
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 256,
             precision: Precision = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
-    """Model outputs (float32, on the CPU) and targets for every sample of `dataset`, in order."""
+    """Model outputs (float32, on the CPU) and targets for every sample of `dataset`, in order.
+
+    On an out-of-memory error the batch is halved and the pass goes on from where it was."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
     n = len(dataset)  # type: ignore[arg-type]
-    sampler = ResumableBatchSampler(n, batch_size, -(-n // batch_size), seed=0, shuffle=False)
-    loader = build_loader(dataset, sampler, LoaderSettings(0, False, False, None))
-    outputs, targets = [], []
-    for inputs, target in loader:
-        with autocast(precision, device):
-            out = model(inputs.to(device, non_blocking=True))
-        outputs.append(out.float().cpu())
-        targets.append(torch.as_tensor(target).cpu())
-    model.train(was_training)
+    outputs: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    done = 0
+    try:
+        while done < n:
+            try:
+                for inputs, target in _batches_from(dataset, done, batch_size):
+                    with autocast(precision, device):
+                        out = model(inputs.to(device, non_blocking=True))
+                    outputs.append(out.float().cpu())
+                    targets.append(torch.as_tensor(target).cpu())
+                    done += len(outputs[-1])
+            except torch.OutOfMemoryError:
+                if batch_size == 1:
+                    raise
+                batch_size //= 2
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    finally:
+        model.train(was_training)
     return torch.cat(outputs), torch.cat(targets)
+
+
+def _batches_from(dataset: Dataset, start: int, batch_size: int):
+    n = len(dataset)  # type: ignore[arg-type]
+    batches = [list(range(i, min(i + batch_size, n))) for i in range(start, n, batch_size)]
+    return build_loader(dataset, batches, LoaderSettings(0, False, False, None))
 
 
 def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,

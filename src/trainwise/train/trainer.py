@@ -6,12 +6,15 @@ The batch contract: a dataset yields `(inputs, targets)`; `model(inputs)` return
 `loss_fn(outputs, targets)` — cross-entropy (with label smoothing) for classification, MSE for regression,
 or any callable you pass. `train.batch_size` samples make one optimizer step, fed as
 `batch_size / micro_batch_size` micro-batches whose gradients are accumulated.
+
+The loop never waits for the device between log steps: each step's loss, gradient norm and skip flag stay
+device tensors (train/step.py, train/health.py) and are read at log steps, evaluations and checkpoints —
+the "settle points", which are also where ranks agree on stopping.
 """
 from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,18 +32,18 @@ from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
 from trainwise.train.device import resolve_device
-from trainwise.train.distributed import FollowerRunDir, any_rank, gather_objects, init_distributed
+from trainwise.train.distributed import FollowerRunDir, agree, gather_objects, init_distributed
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.evaluation import headline_metrics, predict
+from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW, HealthReading, StepHealth
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
-from trainwise.train.sampler import ResumableBatchSampler
+from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
+from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.timing import StepTimer
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Trainer:
@@ -51,16 +54,16 @@ class Trainer:
         self.config = config
         self.ranks = init_distributed()  # one process, or one rank of a torchrun job
         self.task = data_spec.task if data_spec else "classification"
-        self.device = resolve_device(config.train.device)
+        self.device = resolve_device(config.train.device, self.ranks.local_rank if self.ranks.enabled else None)
         self.precision = resolve_precision(config.train.precision, self.device)
         self.tf32 = enable_tf32(self.device, config.train.tf32)
         self.model = model.to(self.device)
         self.ddp = DistributedDataParallel(self.model) if self.ranks.enabled else None
-        self.forward = self.ddp or self.model
+        self.forward = self.ddp if self.ddp is not None else self.model
         if config.model.compile:
             self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
-        self.loss_fn = loss_fn or _default_loss(self.task, config.train.label_smoothing)
+        self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
@@ -72,7 +75,7 @@ class Trainer:
             raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of micro_batch_size "
                               f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
         self.accumulation_steps = train.batch_size // per_step
-        self.steps_per_epoch = len(train_data) // train.batch_size  # type: ignore[arg-type]
+        self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
         if self.steps_per_epoch == 0:
             raise DataError(f"the training split has {len(train_data)} samples, fewer than one batch "  # type: ignore[arg-type]
                             f"(train.batch_size={train.batch_size}); lower the batch size.")
@@ -80,11 +83,23 @@ class Trainer:
         self.step = 0                 # optimizer steps done
         self.epoch = 0                # epochs started
         self.batch_in_epoch = 0       # optimizer steps done in this epoch
-        self.skipped_steps = 0        # fp16 steps the scaler skipped (inf/nan gradients)
+        self.skipped_steps = 0        # updates not applied (fp16 overflow), as of the last settle point
+        self._last_checkpoint_step: int | None = None  # every rank knows it: no rank asks the disk
+        self._settled_step: int | None = None
 
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.schedule, self.max_steps)
         self.scaler = make_scaler(self.precision, self.device)
+        self.train_step = TrainStep(self.model, self.optimizer, loss_fn=self.loss_fn, precision=self.precision,
+                                    device=self.device, accumulation_steps=self.accumulation_steps,
+                                    grad_clip_norm=train.grad_clip_norm, scaler=self.scaler, scheduler=self.scheduler,
+                                    forward=self.forward,
+                                    no_sync=self.ddp.no_sync if self.ddp else None, augment=augment)
+        self.health = StepHealth(self.device)
+        self._outcome: StepOutcome | None = None
+        # inference keeps no activations for backward: twice the training micro-batch fits where it did
+        # (predict halves it again on an out-of-memory error)
+        self.eval_batch_size = 2 * self.micro_batch_size
         self.early_stopping = EarlyStopping(config.eval.monitor_mode, config.eval.early_stopping.patience,
                                             config.eval.early_stopping.min_delta,
                                             enabled=config.eval.early_stopping.enabled)
@@ -92,7 +107,10 @@ class Trainer:
                                              self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
                                              rank=self.ranks.rank, world_size=self.ranks.world_size)
         settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory)
-        self.loader = build_loader(train_data, self.sampler, settings,
+        # worker processes reseed their RNGs per batch from (seed, epoch, position): random transforms
+        # in a Dataset resume exactly; in-process loading shares the checkpointed global RNG instead
+        fetched = seeded_by_position(train_data) if settings.num_workers > 0 else train_data
+        self.loader = build_loader(fetched, self.sampler, settings,
                                    generator=torch.Generator().manual_seed(config.seed))
         defaults = _default_callbacks(config) if self.ranks.is_main else []
         self.callbacks = CallbackList(defaults + list(callbacks))
@@ -113,7 +131,7 @@ class Trainer:
         self._write_summary("running", started)
         self.callbacks.on_fit_start(self)
         try:
-            with GracefulStop(self._signalled) as self._stop:
+            with GracefulStop() as self._stop:  # the handler only sets a flag; the loop acts on it
                 self._loop()
         except KeyboardInterrupt:
             message = (f"aborted by a second Ctrl-C during step {self.step + 1}; the last checkpoint is kept. "
@@ -133,58 +151,83 @@ class Trainer:
 
     def evaluate(self, dataset: Dataset | None = None) -> dict[str, float]:
         outputs, targets = predict(self.model, dataset or self.val_data, device=self.device,
-                                   batch_size=max(256, self.micro_batch_size), precision=self.precision)
+                                   batch_size=self.eval_batch_size, precision=self.precision)
         return headline_metrics(outputs, targets, self.task, self.loss_fn)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         timer = StepTimer(self.device)
         batches = self._batches(timer)
+        log_every = self.config.train.log_every
         while self.step < self.max_steps and self._stop_reason is None:
-            loss = self._train_step(next(batches))
+            micro_batches = next(batches)
+            self._outcome = self.train_step(micro_batches)
             self.step += 1
             self.batch_in_epoch += 1
-            timer.step_done(loss, samples=self.config.train.batch_size)
+            self.health.record(self.step, self._outcome)
+            timer.step_done(self._outcome.loss, samples=self.config.train.batch_size)
             self.callbacks.on_step_end(self)
             end_of_epoch = self.batch_in_epoch == self.steps_per_epoch
-            if self.step % self.config.train.log_every == 0 or self.step == self.max_steps:
+            log_due = self.step % log_every == 0 or self.step == self.max_steps
+            eval_due = self._eval_due(end_of_epoch)
+            checkpoint_due = not eval_due and self._checkpoint_due()
+            if log_due or eval_due or checkpoint_due:
+                self._settle(micro_batches)
+            elif not self.ranks.enabled:
+                self._take_signal(self._stop.requested if self._stop else None)  # a host flag: free
+            del micro_batches
+            if log_due:
                 self._log_train(timer.flush())
             if end_of_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            if self._eval_due(end_of_epoch):
+            if eval_due:
                 self._evaluate_and_checkpoint()
-            elif self._checkpoint_due():
+            elif checkpoint_due:
                 self._save_checkpoint()
             if self.early_stopping.should_stop:
                 self.request_stop("early_stop")
-            if self.ranks.enabled and any_rank(self._stop_reason is not None, self.device):
-                self.request_stop("signal:peer rank")  # every rank stops on the same step
+        if self._settled_step != self.step:  # stopped by a signal between settle points
+            self._settle(None)
 
-    def _train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One optimizer step: accumulate micro-batch gradients, clip, step, advance the schedule."""
-        total_loss = torch.zeros((), device=self.device)
-        for i, (inputs, targets) in enumerate(micro_batches):
-            inputs, targets = self._to_device(inputs, targets)
-            last = i == len(micro_batches) - 1
-            # DDP all-reduces gradients in backward; only the last micro-batch needs it
-            with self.ddp.no_sync() if self.ddp and not last else nullcontext():
-                with autocast(self.precision, self.device):
-                    loss = self.loss_fn(self.forward(inputs), targets) / self.accumulation_steps
-                self.scaler.scale(loss).backward()
-            total_loss += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # clip and log the true gradient norm
-        max_norm = self.config.train.grad_clip_norm or math.inf
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if not self.scaler.is_enabled() and not torch.isfinite(total_loss + self.grad_norm):
-            self._fail_nonfinite(total_loss, inputs, targets)
-        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)  # skipped by the scaler when fp16 gradients overflowed
-        self.scaler.update()
-        if scale_before is not None and self.scaler.get_scale() < scale_before:
-            self.skipped_steps += 1
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next forward
-        return total_loss
+    def _settle(self, micro_batches: list[MicroBatch] | None) -> None:
+        """Read what the steps since the last settle point went through (one transfer) and act on it; under
+        torchrun every rank takes the same decision from one small all-reduce of the flags."""
+        self._settled_step = self.step
+        reading = self.health.read()
+        self.skipped_steps = reading.skipped_steps
+        problem = self._health_problem(reading)
+        signal = self._stop.requested if self._stop else None
+        if self.ranks.enabled:
+            peer_problem, peer_signal = agree([problem is not None, signal is not None], self.device)
+            if peer_problem and problem is None:
+                problem = "another rank saw a non-finite loss or gradients; its log has the evidence."
+            signal = signal or ("peer rank" if peer_signal else None)
+        if problem is not None:
+            self._fail_unhealthy(problem, reading, micro_batches)
+        self._take_signal(signal)
+
+    def _health_problem(self, reading: HealthReading) -> str | None:
+        if self.scaler.is_enabled():  # fp16: overflow is expected now and then, never for long
+            if reading.longest_skip_streak >= FP16_MAX_SKIPS_IN_A_ROW:
+                return (f"fp16 loss scaling skipped {reading.longest_skip_streak} updates in a row (up to step "
+                        f"{self.step}), so the model has stopped learning: the gradients overflow fp16 even at "
+                        f"loss scale {self.scaler.get_scale():.3g}. Lower optim.lr, keep train.grad_clip_norm "
+                        "on, or use train.precision=bf16 (Ampere or newer) or fp32.")
+            return None
+        if reading.nonfinite_steps:
+            return (f"non-finite loss or gradients at step {reading.first_nonfinite_step} (loss "
+                    f"{reading.first_nonfinite_loss:.4g}, grad norm {reading.first_nonfinite_grad_norm:.4g}); "
+                    f"{reading.nonfinite_steps} step(s) up to step {self.step} were skipped on the device, so "
+                    "the weights never took them. Lower optim.lr, check the inputs for NaN/Inf, or keep "
+                    "train.grad_clip_norm on.")
+        return None
+
+    def _take_signal(self, signal: str | None) -> None:
+        if signal is None or self._stop_reason is not None:
+            return
+        self.request_stop(f"signal:{signal}")
+        self.run_dir.log_event("signal", f"{signal} received; stopping after step {self.step}",
+                               severity="warning", step=self.step)
 
     def _batches(self, timer: StepTimer) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
         """Groups of `accumulation_steps` micro-batches, epoch after epoch, from the saved data position."""
@@ -196,13 +239,6 @@ class Trainer:
                 if len(group) == self.accumulation_steps:
                     yield group
                     group = []
-
-    def _to_device(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = inputs.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
-        if self.augment is not None:
-            inputs = self.augment(inputs)
-        return inputs, targets
 
     # ---- evaluation, checkpoints, logs ---------------------------------------------------------------
     def _eval_due(self, end_of_epoch: bool) -> bool:
@@ -229,6 +265,7 @@ class Trainer:
         self._save_checkpoint(is_best=is_best)
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
+        self._last_checkpoint_step = self.step
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -259,40 +296,42 @@ class Trainer:
         self.batch_in_epoch = state["data_position"]["batch"]
         self.step = state["step"]
         self.skipped_steps = state["skipped_steps"]
+        self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
+        self._last_checkpoint_step = self.step
         self.run_dir.drop_metrics_after(self.step)
         self.run_dir.log_event("resumed", f"resumed from step {self.step} (epoch {self.epoch}, batch "
                                f"{self.batch_in_epoch})", step=self.step, evidence={"checkpoint": path.name})
 
     def _log_train(self, timing: dict[str, float]) -> None:
+        grad_norm = float(self._outcome.grad_norm) if self._outcome is not None else math.nan
         record = {"split": "train", "step": self.step, "epoch": self.epoch, **timing,
-                  "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
+                  "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                   "skipped_steps": self.skipped_steps}
         self.run_dir.log_metrics(record)
         self.callbacks.on_log(self, record)
 
-    def _signalled(self, name: str) -> None:
-        self.request_stop(f"signal:{name}")
-        self.run_dir.log_event("signal", f"{name} received; stopping after step {self.step + 1}",
-                               severity="warning", step=self.step)
-
-    def _fail_nonfinite(self, total_loss: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        culprit = first_nonfinite_module(self.model, lambda: self.forward(inputs))
+    def _fail_unhealthy(self, problem: str, reading: HealthReading,
+                        micro_batches: list[MicroBatch] | None) -> None:
+        culprit = None
+        if micro_batches:  # replay this step's last micro-batch forward to find where NaN/Inf first shows
+            inputs = micro_batches[-1][0].to(self.device)
+            with autocast(self.precision, self.device):
+                culprit = first_nonfinite_module(self.model, lambda: self.forward(inputs))
         if culprit:
-            where = f"first non-finite output: {culprit[0]} ({culprit[1]})"
-        else:
-            where = "every module's output was finite, so the gradients overflowed in backward"
-        message = (f"non-finite loss or gradients at step {self.step + 1} (loss "
-                   f"{float(total_loss * self.accumulation_steps):.4g}, grad norm {float(self.grad_norm):.4g}); "
-                   f"{where}. Lower optim.lr, check the inputs for NaN/Inf, or keep train.grad_clip_norm on. "
-                   "The weights are those before this step.")
-        self.run_dir.log_event("nonfinite", message, severity="error", step=self.step + 1,
+            problem += f" First non-finite output on this step's last micro-batch: {culprit[0]} ({culprit[1]})."
+        self.run_dir.log_event("nonfinite", problem, severity="error",
+                               step=reading.first_nonfinite_step or self.step,
                                evidence={"module": culprit[0] if culprit else None,
-                                         "grad_norm": float(self.grad_norm)})
-        raise TrainingError(message)
+                                         "loss": reading.first_nonfinite_loss,
+                                         "grad_norm": reading.first_nonfinite_grad_norm,
+                                         "nonfinite_steps": reading.nonfinite_steps,
+                                         "longest_skip_streak": reading.longest_skip_streak,
+                                         "lr": self.scheduler.get_last_lr()[0]})
+        raise TrainingError(problem)
 
     def _finish(self, started: float) -> dict[str, Any]:
         if self._stop_reason is None or self._stop_reason == "early_stop":
-            if not self._checkpoint_current():
+            if self._last_checkpoint_step != self.step:
                 self._save_checkpoint()
             if self._stop_reason == "early_stop":
                 self.run_dir.log_event("early_stop", f"{self.config.eval.monitor} did not improve for "
@@ -302,17 +341,14 @@ class Trainer:
             self.run_dir.write_model(self.model.state_dict(), {"step": str(self.step), "restored_best": str(restored)})
             summary = self._write_summary("completed", started, restored_best=restored)
         else:
-            self._save_checkpoint()
+            if self._last_checkpoint_step != self.step:
+                self._save_checkpoint()
             message = (f"stopped by {self._stop_reason.split(':')[-1]} after step {self.step}; checkpoint "
                        f"written. Continue with: trainwise resume {self.run_dir.path}")
             self.run_dir.log_event("stopped", message, severity="warning", step=self.step)
             summary = self._write_summary("stopped", started, message=message)
         self.callbacks.on_fit_end(self, summary)
         return summary
-
-    def _checkpoint_current(self) -> bool:
-        steps = self.run_dir.step_checkpoints()
-        return bool(steps) and steps[-1][0] == self.step
 
     def _restore_best(self) -> bool:
         es = self.config.eval.early_stopping
@@ -341,12 +377,6 @@ class Trainer:
         return summary
 
 
-def _default_loss(task: str, label_smoothing: float) -> LossFn:
-    if task == "regression":
-        return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
-    return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-
-
 def _default_callbacks(config: RunConfig) -> list[Callback]:
     from trainwise.train.progress import ProgressDisplay, TensorBoardLog
 
@@ -354,7 +384,7 @@ def _default_callbacks(config: RunConfig) -> list[Callback]:
     if TensorBoardLog.available():
         callbacks.append(TensorBoardLog())
     if config.telemetry.enabled:
-        from trainwise.telemetry.sampler import TelemetryCallback
+        from trainwise.train.telemetry_callback import TelemetryCallback  # lazy: no NVML import when off
 
         callbacks.append(TelemetryCallback(config.telemetry))
     return callbacks

@@ -1,0 +1,65 @@
+"""What the steps between two log lines went through, counted on the device.
+
+Every step adds its outcome to a handful of device scalars (a few tiny kernels, no sync). The Trainer
+reads them with one transfer at log steps, checkpoints and the end, and decides there: a non-finite loss
+outside fp16 stops the run with the step where it first appeared; fp16 loss scaling that keeps skipping
+stops it too, instead of "completing" a run that learnt nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainwise.train.step import StepOutcome
+
+# GradScaler halves its scale on each overflow: 20 skips in a row is a 2**20 drop, far past the few
+# skips of the first steps while it settles. By then the gradients overflow at any scale.
+FP16_MAX_SKIPS_IN_A_ROW = 20
+
+_SKIPPED, _NONFINITE, _FIRST_STEP, _FIRST_LOSS, _FIRST_NORM, _STREAK, _MAX_STREAK = range(7)
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    skipped_steps: int  # updates not applied since the run began (fp16 overflow or non-finite gradients)
+    nonfinite_steps: int  # steps whose loss or gradient norm was NaN/Inf, since the last reading
+    first_nonfinite_step: int | None
+    first_nonfinite_loss: float | None
+    first_nonfinite_grad_norm: float | None
+    longest_skip_streak: int  # most updates skipped in a row since the last reading
+
+
+class StepHealth:
+    def __init__(self, device: torch.device, skipped_steps: int = 0):
+        self.values = torch.zeros(7, device=device)
+        self.values[_SKIPPED] = skipped_steps
+        self.values[_FIRST_STEP] = -1
+
+    def record(self, step: int, outcome: StepOutcome) -> None:
+        """Add one step's outcome; device ops only."""
+        v = self.values
+        bad = ~(torch.isfinite(outcome.loss) & torch.isfinite(outcome.grad_norm))
+        first = bad & (v[_FIRST_STEP] < 0)
+        v[_SKIPPED] += outcome.skipped
+        v[_NONFINITE] += bad.float()
+        v[_FIRST_STEP] = torch.where(first, float(step), v[_FIRST_STEP])
+        v[_FIRST_LOSS] = torch.where(first, outcome.loss.float(), v[_FIRST_LOSS])
+        v[_FIRST_NORM] = torch.where(first, outcome.grad_norm.float(), v[_FIRST_NORM])
+        v[_STREAK] = (v[_STREAK] + outcome.skipped) * outcome.skipped  # +1 while skipping, 0 otherwise
+        v[_MAX_STREAK] = torch.maximum(v[_MAX_STREAK], v[_STREAK])
+
+    def read(self) -> HealthReading:
+        """One device-to-host transfer; starts a new window for the per-window counts."""
+        v = self.values.tolist()
+        reading = HealthReading(
+            skipped_steps=int(v[_SKIPPED]), nonfinite_steps=int(v[_NONFINITE]),
+            first_nonfinite_step=int(v[_FIRST_STEP]) if v[_FIRST_STEP] >= 0 else None,
+            first_nonfinite_loss=v[_FIRST_LOSS] if v[_FIRST_STEP] >= 0 else None,
+            first_nonfinite_grad_norm=v[_FIRST_NORM] if v[_FIRST_STEP] >= 0 else None,
+            longest_skip_streak=int(v[_MAX_STREAK]))
+        self.values[_NONFINITE] = 0
+        self.values[_FIRST_STEP] = -1
+        self.values[_MAX_STREAK] = self.values[_STREAK]
+        return reading
+

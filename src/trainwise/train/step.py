@@ -1,0 +1,126 @@
+"""One training step, defined once.
+
+The Trainer runs it; the planner traces it on fake tensors (plan/memory.py); the probe times it and
+measures its peak (plan/probe.py). So what `trainwise plan` predicts is what `trainwise train` runs: the
+same loss, autocast, loss scaling, accumulation, clipping and optimizer.
+
+A step never waits for the device. Everything it reports — the loss, the gradient norm, whether the update
+was skipped — stays a device tensor; the Trainer reads them at log steps only. A step whose gradients are
+not finite is skipped *on the device*: the fused optimizers take a `found_inf` flag and leave parameters and
+moments untouched when it is set (torch.amp.GradScaler uses the same mechanism for fp16), so a NaN never
+reaches the weights and no `if torch.isfinite(...)` forces a sync.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainwise.train.precision import Precision, autocast
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+MicroBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """Device tensors, read only at log steps."""
+
+    loss: torch.Tensor  # mean loss over the step's micro-batches (unscaled)
+    grad_norm: torch.Tensor  # total gradient norm before clipping
+    skipped: torch.Tensor  # 1.0 when the update was not applied (non-finite gradients), else 0.0
+
+
+def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
+    """Cross-entropy for classification (in fp32 even under autocast), MSE for regression."""
+    if task == "regression":
+        return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
+    cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    return lambda outputs, targets: cross_entropy(outputs.float(), targets)
+
+
+def supports_device_skip(optimizer: torch.optim.Optimizer) -> bool:
+    """Fused optimizers accept `found_inf` and skip on the device; others need the host to decide."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def total_norm(parameters: Sequence[nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6: one foreach kernel
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+class TrainStep:
+    """`step(micro_batches)` = forward/backward of each micro-batch (gradients accumulate), then one update.
+
+    `forward` is what computes outputs (the model, its DDP wrapper or its compiled form); `no_sync` gives
+    the context that skips DDP's all-reduce on all but the last micro-batch; `to_device` moves a micro-batch
+    just before its forward, so only one micro-batch at a time occupies the device.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn: LossFn,
+                 precision: Precision, device: torch.device, accumulation_steps: int,
+                 grad_clip_norm: float | None = None, scaler: torch.amp.GradScaler | None = None,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 no_sync: Callable[[], object] | None = None,
+                 to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.precision, self.device = precision, device
+        self.accumulation_steps = accumulation_steps
+        self.grad_clip_norm = grad_clip_norm
+        self.scheduler = scheduler
+        self.scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
+        self.forward = forward if forward is not None else model
+        self.no_sync = no_sync
+        self.to_device = to_device or (lambda t: t.to(device, non_blocking=True))
+        self.augment = augment
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.device_skip = supports_device_skip(optimizer)
+
+    def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
+        loss = torch.zeros((), device=self.device)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1)
+        return self.update(loss)
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *, last: bool) -> torch.Tensor:
+        """Add one micro-batch's gradients; its share of the step's loss, detached."""
+        inputs, targets = self.to_device(inputs), self.to_device(targets)
+        if self.augment is not None:
+            inputs = self.augment(inputs)
+        # DDP all-reduces gradients during backward; only the last micro-batch of a step needs it
+        with self.no_sync() if self.no_sync is not None and not last else nullcontext():
+            with autocast(self.precision, self.device):  # the loss too, as torch.amp recommends
+                loss = self.loss_fn(self.forward(inputs), targets) / self.accumulation_steps
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def update(self, loss: torch.Tensor) -> StepOutcome:
+        """Clip, step (or skip on the device when gradients are not finite), advance the learning-rate
+        schedule, free the gradients."""
+        self.scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
+        if self.grad_clip_norm:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip_norm)
+        else:
+            grad_norm = total_norm(self.parameters)
+        skipped = (~torch.isfinite(grad_norm)).float()
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # the scaler hands its own found_inf to a fused optimizer
+            self.scaler.update()
+        elif self.device_skip:
+            self.optimizer.found_inf = skipped  # type: ignore[attr-defined]
+            self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+            self.optimizer.step()
+            del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
+        elif not bool(skipped):  # an optimizer without a fused kernel: the host must decide (a sync)
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next forward
+        return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), skipped=skipped)
