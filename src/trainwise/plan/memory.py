@@ -1,20 +1,23 @@
 """Peak memory of one training step, traced on fake tensors: no GPU, and no memory for the model.
 
-The model and a batch are built under torch's FakeTensorMode, so every tensor has a shape, a dtype and a
-(meta) storage but no data. Two optimizer steps (the second is the steady state: optimizer moments exist,
-and with accumulation two micro-batches keep gradients alive across a forward) run under
-`AllocationTracker`, a TorchDispatchMode that sees every op's outputs, counts each new storage once and
-subtracts it when Python frees it, exactly the lifetimes the real allocator sees. This is the approach of
-torch.distributed._tools.mem_tracker.MemTracker; it is re-done here in a few lines so that it works on
-every torch we support and so that we control the categories and the device's rounding rule.
+The step traced is the Trainer's own (train/step.py's TrainStep, built by `build_train_step` from the
+Trainer's optimizer, loss and scaler factories), so the plan estimates what `trainwise train` runs. The
+model and the batches are built under torch's FakeTensorMode, so every tensor has a shape, a dtype and a
+(meta) storage but no data. Two optimizer steps (the first creates the optimizer state; the second is the
+steady state, where with accumulation the gradients of one micro-batch are alive during the next forward)
+run under `AllocationTracker`, a TorchDispatchMode that sees every op's outputs, counts each new storage
+once and subtracts it when Python frees it, exactly the lifetimes the real allocator sees. This is the
+approach of torch.distributed._tools.mem_tracker.MemTracker; it is re-done here in a few lines so that it
+works on every torch we support and so that we control the categories and the device's rounding rule.
 
 What a trace cannot see, accounted for explicitly elsewhere (advise.py): per-device fixed costs (CUDA
-context, cuBLAS/cuDNN workspaces), the caching allocator's fragmentation. The 512-byte rounding of the CUDA
-caching allocator is applied here, per storage, when tracing for a CUDA card.
+context, cuBLAS/cuDNN workspaces), the caching allocator's fragmentation. Buffers kernels allocate inside
+themselves are modelled in workspaces.py. The 512-byte rounding of the CUDA caching allocator is applied
+here, per storage, when tracing for a CUDA card.
 
 Fake CUDA tensors need a CUDA build of torch, so the trace always runs on CPU fake tensors; device
-differences are applied by `TrainingStep.device_kind`: rounding, and the optimizer's `foreach` path (the
-default on CUDA, whose temporaries are a second copy of the gradient list).
+differences are applied by `TrainingStep.device_kind`: rounding, and where the batches live (on a GPU only
+the micro-batch being computed is on the device; on a CPU the whole group the Trainer holds is).
 """
 from __future__ import annotations
 
@@ -30,7 +33,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
+from trainwise.config import OptimConfig
 from trainwise.plan.flops import FlopTally
+from trainwise.train.optim import build_optimizer
+from trainwise.train.precision import make_scaler
+from trainwise.train.step import TrainStep, default_loss
 
 DeviceKind = Literal["cpu", "cuda"]
 Category = Literal["parameters", "gradients", "optimizer_state", "activations", "temporaries"]
@@ -90,18 +97,17 @@ class StepTrace:
     precision: str
 
 
-# ---- the step itself: the same code is traced, measured (benchmarks) and probed ------------------------
+# ---- the step itself: the Trainer's own, traced here and measured by the probe and the benchmark ----------
 
-def make_optimizer(step: TrainingStep, parameters) -> torch.optim.Optimizer:
-    args = dict(step.optimizer_args)
-    # CUDA tensors take the multi-tensor (foreach) path by default; CPU ones the per-tensor loop
-    foreach = step.device_kind == "cuda"
-    if step.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=args.get("lr", 1e-3), momentum=args.get("momentum", 0.9),
-                               weight_decay=args.get("weight_decay", 0.0), foreach=foreach)
-    kind = torch.optim.AdamW if step.optimizer == "adamw" else torch.optim.Adam
-    return kind(parameters, lr=args.get("lr", 1e-3), betas=tuple(args.get("betas", (0.9, 0.999))),
-                eps=args.get("eps", 1e-8), weight_decay=args.get("weight_decay", 0.0), foreach=foreach)
+def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
+                     to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainStep:
+    """train/step.py's TrainStep with `step`'s settings, built from the same factories the Trainer uses:
+    its optimizer (fused, decay groups), its loss, its scaler, its clipping."""
+    optimizer = build_optimizer(model, OptimConfig(name=step.optimizer, **step.optimizer_args))
+    return TrainStep(model, optimizer, loss_fn=default_loss(step.task, step.label_smoothing),
+                     precision=step.precision, device=device, accumulation_steps=step.accumulation_steps,
+                     grad_clip_norm=step.grad_clip_norm, scaler=make_scaler(step.precision, device),
+                     to_device=to_device)
 
 
 def make_batch(step: TrainingStep, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,41 +123,10 @@ def make_batch(step: TrainingStep, device: torch.device | str = "cpu") -> tuple[
     return inputs, targets
 
 
-def compute_loss(step: TrainingStep, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    if step.task == "classification":
-        return nn.functional.cross_entropy(outputs.float(), targets, label_smoothing=step.label_smoothing)
-    return nn.functional.mse_loss(outputs.float().reshape(targets.shape), targets.float())
-
-
-def run_optimizer_step(step: TrainingStep, model: nn.Module, optimizer: torch.optim.Optimizer,
-                       batches: list[tuple[torch.Tensor, torch.Tensor]], device_type: str = "cpu") -> None:
-    """One optimizer step over micro-batches, as the trainer does it: forward under autocast, backward
-    of the scaled loss, clip, step, and zero_grad(set_to_none) so gradients are freed at once."""
-    model.train()
-    for inputs, targets in batches:
-        with _autocast(step.precision, device_type):
-            outputs = model(inputs)
-        loss = compute_loss(step, outputs, targets) / len(batches)
-        loss.backward()
-        del outputs, loss
-    if step.grad_clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), step.grad_clip_norm,
-                                       foreach=step.device_kind == "cuda")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _autocast(precision: str, device_type: str):
-    if precision == "fp32":
-        return torch.autocast(device_type, enabled=False)
-    # traces use CPU autocast; its cast lists follow CUDA's for matmuls and convolutions
-    return torch.autocast(device_type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
-def warm_and_steady_batches(step: TrainingStep, make: Callable[[], tuple]) -> tuple[list, list]:
-    """Step 1 has one micro-batch (it creates the optimizer state); step 2, the steady state, two when
-    accumulating, because a second forward then runs with the first micro-batch's gradients alive."""
-    return [make()], [make() for _ in range(min(step.accumulation_steps, 2))]
+def traced_micro_batches(step: TrainingStep) -> int:
+    """Micro-batches computed per traced step. From the second on, each one meets the same memory (the
+    gradients of the earlier ones alive, its own activations), so two stand for any number of them."""
+    return min(step.accumulation_steps, 2)
 
 
 # ---- the tracker -----------------------------------------------------------------------------------------
@@ -291,34 +266,35 @@ def hidden_workspace_for(step: "TrainingStep") -> Callable[..., int] | None:
 # ---- tracing -----------------------------------------------------------------------------------------------
 
 def trace_step(step: TrainingStep) -> StepTrace:
-    """Trace two optimizer steps on fake tensors; the peak over both, split by category."""
+    """Trace two optimizer steps of the Trainer's TrainStep on fake tensors (the first creates the
+    optimizer state, the second is the steady state); the peak over both, split by category."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     rounding = CUDA_ALLOCATION_ROUNDING if step.device_kind == "cuda" else 1
     tracker = AllocationTracker(rounding, hidden_workspace_for(step))
     flops = FlopTally()
+    # On a GPU each micro-batch is copied to the device just before its forward and the host batches
+    # are not device memory; on a CPU the Trainer's whole group of micro-batches is the device's.
+    to_device = (lambda t: t.clone()) if step.device_kind == "cuda" else (lambda t: t)
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         model = _into_mode(step.build_model(), mode)
-        parameters = [p for p in model.parameters() if p.requires_grad]
+        host_batches = [[make_batch(step) for _ in range(step.accumulation_steps)] for _ in range(2)]
         with tracker:
             for p in model.parameters():
                 tracker.track(p, "parameters")
             for b in model.buffers():
                 tracker.track(b, "parameters")
-            _label_gradients(tracker, parameters)
-            optimizer = make_optimizer(step, parameters)
-            warm, steady = warm_and_steady_batches(step, lambda: make_batch(step))
-            _run_labelled(tracker, step, model, optimizer, warm)
-            del warm
+            train_step = build_train_step(step, model, torch.device("cpu"), to_device)
+            _label_gradients(tracker, train_step.parameters)
+            _run_labelled(tracker, step, train_step, host_batches.pop(0))
             ops_before, written_before = dict(tracker.ops), dict(tracker.bytes_written)
-            _run_labelled(tracker, step, model, optimizer, steady)
-            micro_batches = len(steady)
-            del steady
-            state_bytes = sum(value.untyped_storage().nbytes() for state in optimizer.state.values()
+            _run_labelled(tracker, step, train_step, host_batches.pop(0))
+            state_bytes = sum(value.untyped_storage().nbytes() for state in train_step.optimizer.state.values()
                               for value in state.values() if isinstance(value, torch.Tensor))
         # FLOPs in a pass of their own: FlopCounterMode's module hooks keep checkpointed tensors alive
         with flops:
-            run_optimizer_step(step, model, optimizer, [make_batch(step)])
+            train_step([make_batch(step)])
+    micro_batches = traced_micro_batches(step)
     ops = {part: tracker.ops[part] - ops_before[part] for part in ops_before}
     written = {part: tracker.bytes_written[part] - written_before[part] for part in written_before}
     worst = max(tracker.peak, key=tracker.peak.get)
@@ -328,7 +304,7 @@ def trace_step(step: TrainingStep) -> StepTrace:
         breakdown=tracker.live_at(tracker.peak_time[worst]),
         micro_batch_peak_bytes=tracker.peak["micro_batches"],
         optimizer_peak_bytes=tracker.peak["optimizer"],
-        parameter_count=sum(p.numel() for p in parameters),
+        parameter_count=sum(p.numel() for p in train_step.parameters),
         parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
         largest_module_parameter_bytes=_largest_module_parameter_bytes(model),
         optimizer_state_bytes=state_bytes,
@@ -370,13 +346,15 @@ def _label_gradients(tracker: AllocationTracker, parameters: list[nn.Parameter])
         p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, "gradients"))
 
 
-def _run_labelled(tracker: AllocationTracker, step: TrainingStep, model: nn.Module,
-                  optimizer: torch.optim.Optimizer, batches: list) -> None:
-    """Forward outputs are activations, everything made in backward and the optimizer temporaries; the
-    optimizer's moments are relabelled as optimizer state once it has made them."""
-    for inputs, targets in batches:
-        tracker.track(inputs, "activations")
-        tracker.track(targets, "activations")
+def _run_labelled(tracker: AllocationTracker, step: TrainingStep, train_step: TrainStep,
+                  host_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """One optimizer step. Forward outputs are activations, everything made in backward and the optimizer
+    temporaries; the optimizer's moments are relabelled as optimizer state once it has made them."""
+    if step.device_kind == "cpu":  # the batches are device memory for the whole step
+        for inputs, targets in host_batches:
+            tracker.track(inputs, "activations")
+            tracker.track(targets, "activations")
+    model = train_step.model
 
     def forward_phase(_module, _args):
         tracker.phase = "activations"
@@ -391,7 +369,11 @@ def _run_labelled(tracker: AllocationTracker, step: TrainingStep, model: nn.Modu
     pre = register_optimizer_step_pre_hook(lambda *_: tracker.enter_optimizer())
     post = register_optimizer_step_post_hook(lambda opt, *_: _label_state(tracker, opt))
     try:
-        run_optimizer_step(step, model, optimizer, batches)
+        computed = host_batches[:traced_micro_batches(step)]
+        loss = torch.zeros(())
+        for index, (inputs, targets) in enumerate(computed):
+            loss += train_step.forward_backward(inputs, targets, last=index == len(computed) - 1)
+        train_step.update(loss)
     finally:
         for handle in (*handles, pre, post):
             handle.remove()

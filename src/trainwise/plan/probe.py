@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainwise.plan.memory import (TrainingStep, make_batch, make_optimizer, run_optimizer_step,
-                                   warm_and_steady_batches)
+from trainwise.plan.memory import TrainingStep, build_train_step, make_batch
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class MachineFacts:
     """The present machine, as the advice needs it."""
 
     cpu_model: str
-    cpu_cores: int  # logical cores torch may use
+    cpu_cores: int  # cores this process may use (affinity and container quota), as the loader counts them
     cpu_max_mhz: float | None
     cpu_flags: tuple[str, ...]  # the vector-unit flags that set peak FLOP/s: avx512f, avx2, fma, ...
     ram_bytes: int
@@ -45,6 +44,8 @@ class MachineFacts:
 def read_machine(disk_path: str | Path = ".") -> MachineFacts:
     import psutil
 
+    from trainwise.data.loader import usable_cores
+
     memory = psutil.virtual_memory()
     frequency = None
     try:
@@ -58,7 +59,7 @@ def read_machine(disk_path: str | Path = ".") -> MachineFacts:
             props = torch.cuda.get_device_properties(index)
             gpus.append({"name": props.name, "memory_bytes": int(props.total_memory),
                          "capability": f"{props.major}.{props.minor}"})
-    return MachineFacts(cpu_model=_cpu_model(), cpu_cores=os.cpu_count() or 1, cpu_max_mhz=frequency,
+    return MachineFacts(cpu_model=_cpu_model(), cpu_cores=usable_cores(), cpu_max_mhz=frequency,
                         cpu_flags=_cpu_flags(), ram_bytes=int(memory.total),
                         ram_available_bytes=int(memory.available),
                         disk_free_bytes=int(shutil.disk_usage(_existing(Path(disk_path))).free),
@@ -148,14 +149,12 @@ def _quiet_stderr():
 
 
 def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
-    """Real peak of what trace_step estimates: model, optimizer, a warm-up step and a steady step."""
+    """Real peak of what trace_step estimates: the model, then two steps of the Trainer's TrainStep."""
     def two_steps() -> None:
         model = step.build_model().to(device)
-        optimizer = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
-        warm, steady = warm_and_steady_batches(step, lambda: make_batch(step, device))
-        run_optimizer_step(step, model, optimizer, warm, device.type)
-        del warm
-        run_optimizer_step(step, model, optimizer, steady, device.type)
+        train_step = build_train_step(step, model, device)
+        for _ in range(2):
+            train_step(host_batches(step))
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -168,20 +167,25 @@ def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
     return cpu_peak_bytes(two_steps)
 
 
+def host_batches(step: TrainingStep) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One optimizer step's micro-batches in host memory, as the loader hands them to the Trainer."""
+    return [make_batch(step, "cpu") for _ in range(step.accumulation_steps)]
+
+
 def probe_steps(step: TrainingStep, device: torch.device, *, steps: int = 5,
                 time_limit_s: float = 20.0) -> ProbeResult:
     """Time a few real optimizer steps on `device` (after one warm-up) and measure the peak memory."""
     peak = measured_peak_bytes(step, device)
     model = step.build_model().to(device)
-    optimizer = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
-    batches = [make_batch(step, device) for _ in range(step.accumulation_steps)]
-    run_optimizer_step(step, model, optimizer, batches, device.type)  # warm-up: lazy init, kernel choice
+    train_step = build_train_step(step, model, device)
+    batches = host_batches(step)
+    train_step(batches)  # warm-up: lazy init, kernel choice
     times: list[float] = []
     started = time.perf_counter()
     for _ in range(steps):
         _synchronize(device)
         t0 = time.perf_counter()
-        run_optimizer_step(step, model, optimizer, batches, device.type)
+        train_step(batches)
         _synchronize(device)
         times.append(time.perf_counter() - t0)
         if time.perf_counter() - started > time_limit_s:
