@@ -106,8 +106,11 @@ class ProbeResult:
         return asdict(self)
 
 
-def cpu_peak_bytes(run: Callable[[], None]) -> int:
-    """Peak bytes the CPU allocator had handed out while `run` ran (from the start of `run`)."""
+def cpu_peak_bytes(run: Callable[[], None], within: str | None = None) -> int:
+    """Peak bytes the CPU allocator had handed out while `run` ran (counted from the start of `run`).
+
+    With `within`, the peak is taken only inside the profiler ranges of that name (record_function), while
+    the running total still counts everything allocated before and outside them."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -121,17 +124,24 @@ def cpu_peak_bytes(run: Callable[[], None]) -> int:
         with _quiet_stderr():
             prof.__exit__(None, None, None)
     events: list[tuple[int, int]] = []
+    windows: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
             events.append((node.start_time_ns, node.typed[1].alloc_size))
+        elif within is not None and node.name == within:
+            windows.append((node.start_time_ns, node.end_time_ns))
         stack.extend(node.children)
+    if within is not None and not windows:
+        raise RuntimeError(f"no profiler range named {within!r} ran")
     events.sort()
+    windows.sort()
     live = peak = 0
-    for _, size in events:
+    for time_ns, size in events:
         live += size
-        peak = max(peak, live)
+        if within is None or any(start <= time_ns <= end for start, end in windows):
+            peak = max(peak, live)
     return peak
 
 
