@@ -1,6 +1,11 @@
+import math
+
+import pytest
 from pydantic import BaseModel
 
-from trainwise.config import RunConfig, config_from_dict, parse_value
+from trainwise.config import (DataConfig, EvalConfig, RunConfig, TrainConfig, config_from_dict, lower_is_better,
+                              parse_value)
+from trainwise.errors import ConfigError, DataError
 from trainwise.recipes import list_recipes, load_recipe
 
 
@@ -37,3 +42,51 @@ def test_monitor_mode_follows_the_metric():
     assert config_from_dict({"eval": {"monitor": "val/loss"}}).eval.monitor_mode == "min"
     assert config_from_dict({"eval": {"monitor": "val/accuracy"}}).eval.monitor_mode == "max"
     assert config_from_dict({"eval": {"monitor": "val/accuracy", "mode": "min"}}).eval.monitor_mode == "min"
+
+
+# ---- decisions config owns -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", ["val/loss", "loss", "val/log_loss", "test/ece", "val/mae", "val/rmse",
+                                    "val/mse", "test/median_rank", "val/error_rate"])
+def test_lower_is_better_for_losses_errors_calibration_and_ranks(metric):
+    assert lower_is_better(metric)
+    assert EvalConfig(monitor=metric).monitor_mode == "min"
+
+
+@pytest.mark.parametrize("metric", ["val/accuracy", "val/balanced_accuracy", "test/roc_auc", "test/pr_auc",
+                                    "test/r2", "test/mrr", "test/hr@10", "test/ndcg@10", "test/macro_f1",
+                                    "test/precision", "test/recall"])
+def test_higher_is_better_for_everything_else(metric):
+    assert not lower_is_better(metric)
+    assert EvalConfig(monitor=metric).monitor_mode == "max"
+
+
+def test_steps_per_epoch_drop_the_partial_batch_as_the_sampler_does():
+    train = TrainConfig(batch_size=32, epochs=1.5)
+    assert train.steps_per_epoch(100) == 3  # 96 samples a pass; the last 4 never make a step
+    assert train.total_steps(100) == math.ceil(1.5 * 3)
+    assert TrainConfig(batch_size=32, max_steps=7, epochs=2).total_steps(100) == 7  # max_steps wins
+    with pytest.raises(DataError, match="10 samples, fewer than one batch"):
+        train.steps_per_epoch(10)
+
+
+@pytest.mark.parametrize("value, phrases", [
+    (-1, ["data.num_workers", "-1 workers", "auto"]),
+    (2147483648, ["data.num_workers", "2 per usable core", "auto"]),
+    ("many", ["data.num_workers"]),
+])
+def test_num_workers_out_of_range_is_a_config_error(value, phrases):
+    with pytest.raises(ConfigError) as error:
+        config_from_dict({"data": {"num_workers": value}})
+    assert all(p in str(error.value) for p in phrases), str(error.value)
+
+
+def test_num_workers_accepts_auto_zero_and_counts():
+    for value in ("auto", 0, 4):
+        assert DataConfig(num_workers=value).num_workers == value
+
+
+def test_warning_temperature_must_be_below_failure_in_a_recipe():
+    with pytest.raises(ConfigError, match="must be below the failure temperature"):
+        config_from_dict({"telemetry": {"temperature_warn_c": 95}})

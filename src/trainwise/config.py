@@ -6,17 +6,52 @@ this shape; the command line overrides any field with a dotted key: `optim.lr=3e
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, DataError
+
+
+# Name parts of metrics where lower is better; every other metric is higher-is-better (accuracy, f1, roc_auc,
+# r2, mrr, hr@k, ndcg@k). The one place this is decided: early stopping, best checkpoints, curve findings
+# and ablations all ask `lower_is_better`.
+LOWER_IS_BETTER_PARTS = frozenset({"loss", "error", "mae", "mse", "rmse", "ece", "rank", "perplexity"})
+
+# A ceiling no machine reaches (the largest hosts have a few hundred cores); the real bound, cores x
+# `WORKERS_PER_CORE`, depends on the machine and is checked where the loader starts its workers, because a
+# run's config.yaml must stay readable on a smaller machine.
+MAX_NUM_WORKERS = 1024
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of `metric` (`loss`, `val/ece`, `test/median_rank`, ...) is the better one."""
+    name = metric.split("/")[-1].lower()
+    return any(part in LOWER_IS_BETTER_PARTS for part in name.replace("@", "_").split("_"))
+
+
+def metric_mode(metric: str) -> Literal["min", "max"]:
+    """`min` for lower-is-better metrics, `max` otherwise: what `eval.mode: auto` resolves to."""
+    return "min" if lower_is_better(metric) else "max"
+
+
+MAX_SEED = 2**32 - 1
+# Faster than this the sampler competes with training for the GIL; slower than an hour it records nothing
+# useful, and Event.wait overflows on huge timeouts (which killed the telemetry thread).
+MIN_TELEMETRY_INTERVAL_S, MAX_TELEMETRY_INTERVAL_S = 0.05, 3600.0
+_TRAINING_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d{1,3})?)$")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No field means anything at inf or nan (`train.epochs=.inf` overflowed when counting steps); None is
+    # how a field says "no limit"
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -30,6 +65,18 @@ class ModelConfig(Section):
                                          "(built-in models; torch.utils.checkpoint, use_reentrant=False).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
 
+    @field_validator("args")
+    @classmethod
+    def _builtin_args_are_typed(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" not in info.data or "factory" not in info.data:
+            return args  # name or factory is itself invalid and reported
+        return _checked_builder_args("model", info.data["name"], info.data["factory"], args)
+
+    @model_validator(mode="after")
+    def _builtin_exists(self) -> "ModelConfig":
+        _refuse_unknown_builtin("model", self.name, self.factory)
+        return self
+
 
 class DataConfig(Section):
     name: str | None = Field("digits", description="Built-in data set: `digits`, `breast_cancer`, or "
@@ -42,9 +89,33 @@ class DataConfig(Section):
     test_fraction: float = Field(0.15, ge=0.0, lt=1.0, description="Share held out for the final test.")
     augment: bool = Field(False, description="Random training-time augmentation (built-in data: small shifts "
                           "for images, feature noise for tables).")
-    num_workers: int | Literal["auto"] = Field(0, description="DataLoader worker processes; `auto` picks from "
-                                               "cores and device.")
+    num_workers: int | Literal["auto"] = Field(0, description="DataLoader worker processes (0: load in the "
+                                               "training process); `auto` sizes them from the usable cores, RAM "
+                                               "and /dev/shm. At most 2 per usable core.")
     pin_memory: bool | Literal["auto"] = Field("auto", description="Pin host memory for faster copies to GPU.")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers_in_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"{value} workers: give 0 (load in the training process), a positive count, or "
+                             "auto")
+        if isinstance(value, int) and value > MAX_NUM_WORKERS:
+            raise ValueError(f"{value} worker processes would fork until the machine runs out of memory; use at "
+                             "most 2 per usable core (data.num_workers=auto picks for you)")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _builtin_args_are_typed(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" not in info.data or "factory" not in info.data:
+            return args
+        return _checked_builder_args("data", info.data["name"], info.data["factory"], args)
+
+    @model_validator(mode="after")
+    def _builtin_exists(self) -> "DataConfig":
+        _refuse_unknown_builtin("data", self.name, self.factory)
+        return self
 
     @model_validator(mode="after")
     def _fractions_leave_training_data(self) -> "DataConfig":
@@ -54,11 +125,15 @@ class DataConfig(Section):
         return self
 
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimConfig(Section):
     name: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer.")
+    # The ranges torch's optimizers accept, checked here so a bad value is refused before data is loaded
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (after warmup).")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw) or L2 (adam, sgd).")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
 
@@ -82,7 +157,7 @@ class TrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 where the "
                                                                 "device supports it, fp16 on older CUDA cards, "
                                                                 "fp32 otherwise.")
-    device: str = Field("auto", description="`auto` (cuda > mps > cpu), or a torch device such as `cuda:1`.")
+    device: str = Field("auto", description="`auto` (cuda > mps > cpu), `cpu`, `cuda`, `cuda:N` or `mps`.")
     grad_clip_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this "
                                          "(None: no clipping; the norm is logged either way).")
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="Label smoothing for classification loss.")
@@ -92,6 +167,28 @@ class TrainConfig(Section):
     @property
     def accumulation_steps(self) -> int:
         return self.batch_size // (self.micro_batch_size or self.batch_size)
+
+    def steps_per_epoch(self, num_train: int) -> int:
+        """Optimizer steps in one pass over `num_train` samples. The last partial batch is dropped (every step
+        sees `batch_size` samples), so this rounds down: the trainer runs this many and the plan prices them."""
+        steps = num_train // self.batch_size
+        if steps == 0:
+            raise DataError(f"the training split has {num_train} samples, fewer than one batch "
+                            f"(train.batch_size={self.batch_size}); lower the batch size.")
+        return steps
+
+    def total_steps(self, num_train: int) -> int:
+        """Optimizer steps of the whole run: `max_steps`, else `epochs` passes (a fraction of a pass rounds up)."""
+        return self.max_steps or math.ceil(self.epochs * self.steps_per_epoch(num_train))
+
+    @field_validator("device")
+    @classmethod
+    def _device_can_train(cls, value: str) -> str:
+        # torch parses many more (meta, xla, ...), but training fails on them only at the first step
+        if not _TRAINING_DEVICE.match(value):
+            raise ValueError(f"{value!r} is not a device training can use; use auto, cpu, cuda, cuda:N "
+                             "(N: the card's index) or mps")
+        return value
 
     @model_validator(mode="after")
     def _batch_sizes_agree(self) -> "TrainConfig":
@@ -127,8 +224,7 @@ class EvalConfig(Section):
     def monitor_mode(self) -> Literal["min", "max"]:
         if self.mode != "auto":
             return self.mode
-        metric = self.monitor.split("/")[-1]
-        return "min" if any(word in metric for word in ("loss", "error", "mae", "rmse", "mse")) else "max"
+        return metric_mode(self.monitor)
 
 
 class CheckpointConfig(Section):
@@ -139,7 +235,9 @@ class CheckpointConfig(Section):
 
 class TelemetryConfig(Section):
     enabled: bool = Field(True, description="Record GPU and host telemetry to system.jsonl while training.")
-    interval_s: float = Field(2.0, gt=0, description="Seconds between telemetry samples.")
+    interval_s: float = Field(2.0, ge=MIN_TELEMETRY_INTERVAL_S, le=MAX_TELEMETRY_INTERVAL_S,
+                              description="Seconds between telemetry samples "
+                              f"({MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}).")
     temperature_warn_c: float = Field(80.0, description="GPU temperature that raises a warning event.")
     temperature_fail_c: float = Field(90.0, description="GPU temperature that raises an error event.")
     starvation_util_below: float = Field(50.0, ge=0, le=100, description="GPU utilisation (%) under which, "
@@ -147,11 +245,22 @@ class TelemetryConfig(Section):
     starvation_wait_above: float = Field(0.3, ge=0, le=1, description="Share of step time spent waiting "
                                          "for data above which the loader is suspected.")
 
+    @model_validator(mode="after")
+    def _warning_before_failure(self) -> "TelemetryConfig":
+        if self.temperature_warn_c >= self.temperature_fail_c:
+            raise ValueError(f"the warning temperature ({self.temperature_warn_c:g} °C) must be below the failure "
+                             f"temperature ({self.temperature_fail_c:g} °C)")
+        return self
+
 
 class RunConfig(Section):
     """One training run, every default filled in. Written to RUN/config.yaml before step 1."""
 
-    seed: int = Field(0, description="Seeds python, numpy and torch, the data split and the data order.")
+    # 0..2**32-1 is what every seeded library takes as is (NumPy's legacy seeding, scikit-learn's
+    # random_state, and likely the user's own data factory, which gets `seed=`); a wider seed would have to
+    # be folded into that range, and two seeds giving one run is worse than a clear refusal.
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds python, numpy and torch, the data split and "
+                      f"the data order: an integer from 0 to {MAX_SEED}.")
     name: str | None = Field(None, description="A label for reports and comparisons.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -306,6 +415,27 @@ def _suggestion(loc: list[str]) -> str:
     if close:
         return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
     return f" Allowed{where}: {', '.join(names)}."
+
+
+def _checked_builder_args(kind: str, name: str | None, factory: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    """Built-in builders' arguments against their schema (recipes/schemas.py), so `model.args.channels=7` is
+    refused here, naming the key, before any data or model is built. The raw mapping is kept, so the saved
+    config.yaml reads as the user wrote it."""
+    from trainwise.recipes.schemas import args_schema  # imported late: recipes imports this module
+
+    schema = args_schema(kind, name, factory)
+    if schema is not None:
+        schema.model_validate(args)  # its ValidationError is reported under `model.args.<key>`
+    return args
+
+
+def _refuse_unknown_builtin(kind: str, name: str | None, factory: str | None) -> None:
+    from trainwise.recipes.schemas import unknown_builtin
+
+    problem = unknown_builtin(kind, name, factory)
+    if problem:  # raised as a ValidationError so that pydantic reports it at `<kind>.name`
+        raise ValidationError.from_exception_data(kind, [InitErrorDetails(
+            type=PydanticCustomError("unknown_builtin", problem), loc=("name",), input=name)])
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

@@ -1,10 +1,6 @@
 from __future__ import annotations
 
-import pytest
-
-from trainwise.data.bench import bench, bench_verdict
-from trainwise.data.prepare import PrepareOptions, prepare
-from trainwise.errors import DataError
+from trainwise.data.bench import bench_verdict
 
 
 def test_the_fewest_workers_that_keep_up_with_headroom_are_recommended():
@@ -25,17 +21,26 @@ def test_a_loader_slower_than_the_model_is_the_bottleneck():
     assert "data will be the bottleneck (the GPU waits 75% of the time)" in verdict.message
 
 
-@pytest.mark.slow  # the optimizer's first import of torch._dynamo alone takes seconds
-def test_bench_measures_a_prepared_table_against_its_recipe_model(tmp_path, write_csv):
+def test_bench_sets_the_loader_against_the_model_rate_it_is_given(tmp_path, write_csv):
+    """Data sits below training: the model's rate comes in as a function of the data's spec and the batch."""
+    import torch
+
+    from trainwise.data.bench import bench, default_recipe
+    from trainwise.data.prepare import PrepareOptions, prepare
+    from trainwise.recipes import load_recipe
+
     rows = [[i % 7, i % 3, "a" if i % 2 else "b"] for i in range(300)]
-    source = write_csv(tmp_path / "t.csv", ["x", "label", "kind"], rows)
-    prepare(source, tmp_path / "out", PrepareOptions(), workers=1)
-    result = bench(tmp_path / "out", workers=["auto", 0], seconds=0.2, batch_size=32, device="cpu")
-    assert set(result.loader) == {"auto", "0"} and all(rate > 0 for rate in result.loader.values())
-    assert result.model > 0 and result.recipe == "table" and result.batch_size == 32
-    assert "samples/s" in result.verdict.message
+    prepare(write_csv(tmp_path / "t.csv", ["x", "label", "kind"], rows), tmp_path / "out", PrepareOptions(),
+            workers=1)
+    asked = []
 
+    def fast_model(spec, batch):
+        asked.append((spec.task, batch))
+        return 1e12
 
-def test_bench_refuses_what_is_not_a_prepared_dataset(tmp_path):
-    with pytest.raises(DataError, match="not a prepared dataset"):
-        bench(tmp_path)
+    recipe = default_recipe(tmp_path / "out")
+    config = load_recipe(recipe, [f"data.path={tmp_path / 'out'}"])
+    result = bench(tmp_path / "out", config, fast_model, recipe=recipe, device=torch.device("cpu"), workers=[0],
+                   batch_size=16, seconds=0.1)
+    assert recipe == "table" and asked == [("classification", 16)]
+    assert result.model == 1e12 and result.verdict.bottleneck and result.batch_size == 16

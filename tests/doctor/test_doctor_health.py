@@ -100,6 +100,8 @@ def test_docker_defaults_warn_shm_and_open_files():
     assert shm.status == "warn" and "64 MB" in shm.finding and "--shm-size" in shm.fix
     assert found["Open files"].status == "warn" and found["Open files"].fix.startswith("ulimit -n 65536")
     assert "of 32 on the machine" in found["CPU cores"].finding
+    # `auto` would start no worker on a 64 MB /dev/shm, and the doctor suggests what auto would do
+    assert found["CPU cores"].evidence["suggested_workers"] == 0
 
 
 def test_small_shm_outside_a_container_is_remounted():
@@ -123,3 +125,24 @@ def test_ram_against_gpu_memory_and_availability():
 def test_low_hard_open_file_limit_says_how_to_raise_it():
     found = by_title(host_findings(host(open_files_soft=1024, open_files_hard=4096), gpus=1))["Open files"]
     assert found.fix.startswith("ulimit -n 4096") and "limits.conf" in found.fix
+
+
+@pytest.mark.parametrize("temperature", [60, 79, 80, 85, 90, 95])
+@pytest.mark.parametrize("reasons, utilization", [
+    ([], 0), (["gpu_idle"], 0), (["sw_power_cap"], 0), (["sw_power_cap"], 97), (["sw_power_cap"], None),
+    (["sw_thermal_slowdown"], 90), (["hw_slowdown"], 90), (["hw_power_brake_slowdown"], 0),
+    (["sw_thermal_slowdown", "sw_power_cap"], 20)])
+def test_doctor_grades_a_card_as_telemetry_alerts_on_it(temperature, reasons, utilization):
+    """One judgement of temperature and clocks: a card the doctor passes raises no alert while training, and
+    what alerts while training the doctor flags too."""
+    from trainwise.telemetry.alerts import AlertRules
+
+    status_of_level = {None: "ok", "info": "ok", "warning": "warn", "error": "fail"}
+
+    gpu = h200(temperature_c=temperature, throttle_reasons=reasons, utilization_pct=utilization, fan_pct=50)
+    found = health(gpu)
+    alerts = {a.kind: a.severity for a in AlertRules(TelemetryConfig()).check_sample(
+        {"gpus": [{"index": 0, "temperature_c": temperature, "throttle_reasons": reasons,
+                   "utilization_pct": utilization}]})}
+    assert found["temperature"].status == status_of_level[alerts.get("gpu_temperature")]
+    assert found["clocks"].status == status_of_level[alerts.get("gpu_throttle")]

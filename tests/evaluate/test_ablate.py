@@ -70,3 +70,17 @@ def test_too_few_seeds_and_failed_runs_are_reported_not_hidden():
     assert rows[1]["p_value"] is None and rows[1]["verdict"].startswith("too few seeds")
     assert rows[1]["failed_runs"] == 1 and rows[1]["n"] == 1
     assert welch_p_value([1.0, 1.0], [1.0, 1.0]) == 1.0 and welch_p_value([1.0, 1.0], [2.0, 2.0]) == 0.0
+
+
+def test_parallel_runs_share_the_usable_cores(monkeypatch):
+    import torch
+
+    import trainwise.data.loader as loader
+    from trainwise.evaluate.ablate import _child_env, default_workers
+
+    monkeypatch.setattr(loader, "usable_cores", lambda: 3)  # of a bigger machine's os.cpu_count()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_workers(jobs=12) == 3
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _child_env(0, workers=3)["OMP_NUM_THREADS"] == "1"
+    assert _child_env(0, workers=1)["OMP_NUM_THREADS"] == "3"

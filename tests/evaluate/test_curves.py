@@ -91,3 +91,16 @@ def test_still_improving_suggests_training_longer():
     assert _kinds(analysis) == ["still_improving"]
     assert "max_steps" in analysis.findings[0].recommendation
     assert np.isfinite(analysis.to_dict()["best"]["value"])
+
+
+def test_the_best_point_follows_the_config_s_lower_is_better_rule():
+    """Curves, early stopping and ablations pick the best value the same way: config's `lower_is_better`."""
+    from trainwise.config import EvalConfig
+    from trainwise.evaluate.compare import EVAL_METRICS
+
+    for metric in (*EVAL_METRICS, "loss", "median_rank", "macro_f1"):
+        records = [{"split": "val", "step": s, metric: v} for s, v in ((10, 3.0), (20, 1.0), (30, 2.0))]
+        expected = 20 if EvalConfig(monitor=f"val/{metric}").monitor_mode == "min" else 10
+        assert best_point(records, f"val/{metric}")["step"] == expected, metric
+    assert best_point([{"split": "val", "step": 1, "ece": 0.2}, {"split": "val", "step": 2, "ece": 0.1}],
+                      "val/ece")["step"] == 2

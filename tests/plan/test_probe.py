@@ -30,3 +30,10 @@ def test_machine_facts():
     assert facts.cpu_cores >= 1 and facts.ram_bytes > facts.ram_available_bytes > 0
     assert facts.disk_free_bytes > 0 and facts.torch_threads >= 1
     assert isinstance(facts.to_dict()["cpu_flags"], (tuple, list))
+
+
+def test_machine_facts_count_the_cores_as_the_loader_does(monkeypatch):
+    import trainwise.data.loader as loader
+
+    monkeypatch.setattr(loader, "usable_cores", lambda: 3)  # e.g. taskset or docker --cpus on a big host
+    assert read_machine().cpu_cores == 3

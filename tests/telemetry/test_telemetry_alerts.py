@@ -26,6 +26,11 @@ def test_throttle_level(reasons, level):
     assert throttle_level(reasons) == level
 
 
+@pytest.mark.parametrize("utilization, level", [(None, "info"), (97, "info"), (50, "info"), (10, "warning")])
+def test_a_power_cap_is_normal_under_load_and_suspicious_when_idle(utilization, level):
+    assert throttle_level(["sw_power_cap"], utilization) == (level, ["sw_power_cap"])
+
+
 def test_a_hot_episode_is_reported_once_escalates_and_rearms():
     rules = AlertRules(SETTINGS)
     first = rules.check_sample(sample({"temperature_c": 82}))

@@ -3,7 +3,7 @@ import torch
 
 from trainwise.errors import ConfigError
 from trainwise.train.device import resolve_device
-from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
+from trainwise.train.precision import autocast, choose_precision, enable_tf32, make_scaler, resolve_precision
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -23,6 +23,19 @@ def test_asking_for_cuda_without_one_says_why():
 def test_bad_device_name():
     with pytest.raises(ConfigError, match="not a device"):
         resolve_device("gpu0")
+
+
+@pytest.mark.parametrize("requested, kind, bf16_native, chosen", [
+    ("auto", "cuda", True, "bf16"), ("auto", "cuda", False, "fp16"), ("auto", "cpu", False, "fp32"),
+    ("auto", "mps", False, "fp32"), ("fp16", "cuda", True, "fp16"), ("bf16", "cpu", False, "bf16"),
+    ("fp32", "cuda", True, "fp32")])
+def test_precision_rule_over_device_facts(requested, kind, bf16_native, chosen):
+    assert choose_precision(requested, kind, bf16_native=bf16_native) == chosen
+
+
+def test_bf16_on_a_card_without_it_names_the_card_and_the_fix():
+    with pytest.raises(ConfigError, match="Tesla T4 has no native bf16.*train.precision=fp16 or auto"):
+        choose_precision("bf16", "cuda", bf16_native=False, device_name="Tesla T4")
 
 
 def test_auto_precision_on_cpu_is_fp32_and_explicit_bf16_autocasts():

@@ -1,22 +1,29 @@
 """`trainwise data bench DIR`: can the loader keep the model fed?
 
-Two thin probes — loader samples/s at each worker count, and the model's samples/s on a batch already on
-the device (a few forward/backward/optimizer steps) — and one pure decision, `bench_verdict`, over the
-numbers they return.
+Two thin probes — loader samples/s at each worker count (here), and the model's samples/s on a batch already
+on the device (the engine's: trainwise.train.throughput, which also runs the whole bench for the CLI) — and
+one pure decision, `bench_verdict`, over the numbers they return. Data sits below training, so the model's
+rate comes in as a function.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
+from trainwise.config import RunConfig
+from trainwise.data.bundle import DataSpec
 from trainwise.data.loader import build_loader, choose_loader_settings
 from trainwise.data.prepared import PreparedDataset, data_spec
 from trainwise.data.shards import read_manifest
 from trainwise.errors import DataError
+
+ModelRate = Callable[[DataSpec, int], float]
+"""Samples/s the model consumes, given the data's spec and the batch size."""
 
 HEADROOM = 1.2  # the loader should beat the model by this much: step times jitter, workers get descheduled
 
@@ -80,42 +87,6 @@ def loader_rate(dataset: PreparedDataset, *, workers: int | str, batch_size: int
     return samples / elapsed if elapsed > 0 and samples else 0.0
 
 
-def model_rate(config, spec, *, device: torch.device, batch_size: int, steps: int = 8) -> float:
-    """Samples/s of forward + backward + optimizer steps (the recipe's) on one random batch on `device`."""
-    from trainwise.recipes.factories import build_model
-    from trainwise.train.optim import build_optimizer
-    from trainwise.train.precision import autocast, resolve_precision
-
-    precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
-    model = build_model(config, spec).to(device)
-    optimizer = build_optimizer(model, config.optim)
-    inputs = torch.randn(batch_size, *spec.input_shape, device=device)
-    if spec.task == "classification":
-        targets = torch.randint(0, spec.num_classes or 2, (batch_size,), device=device)
-        loss_fn = torch.nn.functional.cross_entropy
-    else:
-        targets = torch.randn(batch_size, 1, device=device)
-        loss_fn = torch.nn.functional.mse_loss
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(precision, device):
-            loss = loss_fn(model(inputs).float(), targets)
-        loss.backward()
-        optimizer.step()
-
-    for _ in range(2):  # warm-up: allocator, cuDNN autotune
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return steps * batch_size / (time.perf_counter() - started)
-
-
 @dataclass
 class BenchResult:
     loader: dict[str, float]
@@ -126,29 +97,29 @@ class BenchResult:
     verdict: Verdict
 
 
-def bench(directory: str | Path, *, recipe: str | None = None, workers: list[int | str] | None = None,
-          batch_size: int | None = None, split: str = "train", seconds: float = 2.0,
-          device: str | None = None, overrides: list[str] | None = None) -> BenchResult:
-    """Measure the loader at each worker count and the recipe's model, and decide."""
-    from trainwise.recipes import load_recipe
-    from trainwise.train.device import resolve_device
-
+def default_recipe(directory: str | Path) -> str:
+    """The built-in recipe whose model sets the pace for a prepared dataset: by what the dataset holds."""
     manifest = read_manifest(directory)
     if manifest["kind"] == "interactions":
         raise DataError(f"{directory}: `data bench` needs a built-in model to compare with; interactions "
                         "datasets have none.")
-    recipe = recipe or ("image-folder" if manifest["kind"] == "images" else "table")
-    config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
-    torch_device = resolve_device(device or config.train.device)
+    return "image-folder" if manifest["kind"] == "images" else "table"
+
+
+def bench(directory: str | Path, config: RunConfig, model_rate: ModelRate, *, recipe: str,
+          device: torch.device, workers: list[int | str] | None = None, batch_size: int | None = None,
+          split: str = "train", seconds: float = 2.0) -> BenchResult:
+    """Measure the loader at each worker count against `model_rate` (the model `config` builds), and decide."""
+    manifest = read_manifest(directory)
     batch = batch_size or config.train.micro_batch_size or config.train.batch_size
     dataset = PreparedDataset(directory, split, manifest=manifest)
     if not len(dataset):
         raise DataError(f"{directory}: the {split} split is empty.")
     counts = workers if workers is not None else _worker_counts()
-    rates = {str(w): loader_rate(dataset, workers=w, batch_size=batch, device=torch_device, seconds=seconds)
+    rates = {str(w): loader_rate(dataset, workers=w, batch_size=batch, device=device, seconds=seconds)
              for w in counts}
-    consumed = model_rate(config, data_spec(manifest), device=torch_device, batch_size=batch)
-    return BenchResult(rates, consumed, batch, str(torch_device), recipe, bench_verdict(rates, consumed))
+    consumed = model_rate(data_spec(manifest), batch)
+    return BenchResult(rates, consumed, batch, str(device), recipe, bench_verdict(rates, consumed))
 
 
 def _worker_counts() -> list[int | str]:

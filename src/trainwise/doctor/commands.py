@@ -26,8 +26,10 @@ def doctor(
                                           "or to check elsewhere with --facts."),
     facts_file: Optional[Path] = typer.Option(None, "--facts", help="Check facts recorded with --record instead "
                                               "of this machine."),
-    temperature_warn: float = typer.Option(80.0, help="GPU temperature (°C) that is a warning."),
-    temperature_fail: float = typer.Option(90.0, help="GPU temperature (°C) that is a failure."),
+    temperature_warn: Optional[float] = typer.Option(None, help="GPU temperature (°C) that is a warning "
+                                                     "(default: telemetry.temperature_warn_c, as in training)."),
+    temperature_fail: Optional[float] = typer.Option(None, help="GPU temperature (°C) that is a failure "
+                                                     "(default: telemetry.temperature_fail_c, as in training)."),
 ) -> None:
     """Check the software stack (Python, PyTorch, driver, CUDA), then the hardware (data disk, host, GPU health).
     Every problem comes with its fix. Exits 1 when a check fails."""
@@ -36,7 +38,8 @@ def doctor(
     from trainwise.doctor.findings import worst
     from trainwise.telemetry.alerts import thresholds_from
 
-    thresholds = thresholds_from(temperature_warn_c=temperature_warn, temperature_fail_c=temperature_fail)
+    given = {"temperature_warn_c": temperature_warn, "temperature_fail_c": temperature_fail}
+    thresholds = thresholds_from(**{k: v for k, v in given.items() if v is not None})  # defaults: TelemetryConfig
     console = Console()
     if facts_file is not None:
         facts = load_facts(facts_file)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from trainwise.config import TelemetryConfig
 from trainwise.doctor.facts import GpuFacts
 from trainwise.doctor.findings import Finding
-from trainwise.telemetry.nvml import HARDWARE_REASONS, POWER_REASONS, THERMAL_REASONS
+from trainwise.telemetry.alerts import temperature_level, throttle_level
+from trainwise.telemetry.nvml import POWER_REASONS
 
 GIB = 2**30
 BUSY_FRACTION = 0.05  # an idle card holds a few hundred MB of driver state; more means another job
-BUSY_UTILIZATION_PCT = 50  # a busy card at its power limit is working as designed
+# Temperature and clocks are judged by telemetry's rules (one owner); these are its levels in doctor's words.
+STATUS_OF_LEVEL = {None: "ok", "info": "ok", "warning": "warn", "error": "fail"}
 
 
 def gpu_health_findings(gpus: list[GpuFacts], thresholds: TelemetryConfig) -> list[Finding]:
@@ -31,12 +33,13 @@ def temperature(g: GpuFacts, t: TelemetryConfig) -> Finding | None:
     line = f"{g.name} at {g.temperature_c} °C{fan}"
     fix = (f"Check the cooling: airflow and fans, dust, inlet temperature; watch it with `nvidia-smi -q -i {g.index} "
            "-d TEMPERATURE,PERFORMANCE`.")
-    if g.fan_pct == 0 and g.temperature_c >= t.temperature_warn_c:
+    level = temperature_level(g.temperature_c, t)
+    if g.fan_pct == 0 and level is not None:
         return Finding("fail", title, f"{line}: hot and the fan is not spinning", evidence, fix)
-    if g.temperature_c >= t.temperature_fail_c:
+    if level == "error":
         return Finding("fail", title, f"{line} (≥ {t.temperature_fail_c:.0f} °C): the card slows itself down and "
                        "risks damage", evidence, fix)
-    if g.temperature_c >= t.temperature_warn_c:
+    if level == "warning":
         return Finding("warn", title, f"{line} (≥ {t.temperature_warn_c:.0f} °C): close to thermal slowdown",
                        evidence, fix)
     return Finding("ok", title, line, evidence)
@@ -45,28 +48,31 @@ def temperature(g: GpuFacts, t: TelemetryConfig) -> Finding | None:
 def throttling(g: GpuFacts) -> Finding | None:
     if g.throttle_reasons is None:
         return None
-    active = set(g.throttle_reasons)
     title = f"GPU {g.index} clocks"
     evidence = {"gpu": g.index, "throttle_reasons": g.throttle_reasons, "sm_clock_mhz": g.sm_clock_mhz,
                 "max_sm_clock_mhz": g.max_sm_clock_mhz, "power_w": g.power_w, "power_limit_w": g.power_limit_w}
     clocks = f" (SM {g.sm_clock_mhz} of {g.max_sm_clock_mhz} MHz)" if g.sm_clock_mhz and g.max_sm_clock_mhz else ""
-    if hardware := sorted(active & set(HARDWARE_REASONS)):
-        return Finding("fail", title, f"hardware slowdown active: {', '.join(hardware)}{clocks}: overheating or "
-                       "the power supply cannot deliver", evidence,
+    judged = throttle_level(g.throttle_reasons, g.utilization_pct)
+    if judged is None:
+        return Finding("ok", title, f"not throttled{clocks}", evidence)
+    level, reasons = judged
+    status, names = STATUS_OF_LEVEL[level], ", ".join(reasons)
+    if level == "error":
+        return Finding(status, title, f"hardware slowdown active: {names}{clocks}: overheating or the power "
+                       "supply cannot deliver", evidence,
                        f"nvidia-smi -q -i {g.index} -d PERFORMANCE,POWER,TEMPERATURE   # then check cooling and "
                        "PSU/power cables")
-    if thermal := sorted(active & set(THERMAL_REASONS)):
-        return Finding("warn", title, f"thermal throttling: {', '.join(thermal)}{clocks}", evidence,
-                       "Improve cooling (airflow, fan curve, room temperature); training runs slower until then.")
-    if power := sorted(active & set(POWER_REASONS)):
+    if reasons[0] in POWER_REASONS:  # checked after hardware: a power brake is both
         limit = f" at {g.power_limit_w:.0f} W" if g.power_limit_w else ""
-        if (g.utilization_pct or 0) >= BUSY_UTILIZATION_PCT:
-            return Finding("ok", title, f"power capped{limit} under load ({g.utilization_pct}% busy): normal for a "
-                           f"card drawing its full power{clocks}", evidence)
-        return Finding("warn", title, f"power capped{limit} while nearly idle: {', '.join(power)}{clocks}", evidence,
+        if status == "ok":
+            load = f" under load ({g.utilization_pct}% busy)" if g.utilization_pct is not None else ""
+            return Finding("ok", title, f"power capped{limit}{load}: normal for a card drawing its full "
+                           f"power{clocks}", evidence)
+        return Finding(status, title, f"power capped{limit} while nearly idle: {names}{clocks}", evidence,
                        f"nvidia-smi -q -i {g.index} -d POWER   # if the limit was lowered: sudo nvidia-smi -i "
                        f"{g.index} -pl <default limit>")
-    return Finding("ok", title, f"not throttled{clocks}", evidence)
+    return Finding(status, title, f"thermal throttling: {names}{clocks}", evidence,
+                   "Improve cooling (airflow, fan curve, room temperature); training runs slower until then.")
 
 
 def memory_errors(g: GpuFacts) -> Finding | None:

@@ -11,9 +11,10 @@ MIN_OPEN_FILES = 4096  # DataLoader workers share tensors through file descripto
 MIN_SHM_BYTES = 1 * GIB  # Docker's 64 MB default kills workers with "Bus error"
 
 
-def suggested_workers(cores: int, gpus: int) -> int:
-    """DataLoader workers per training process: the rule `data.num_workers: auto` applies."""
-    return auto_workers(cores, gpus)
+def suggested_workers(cores: int, gpus: int, *, ram_available_bytes: int | None = None,
+                      shm_free_bytes: int | None = None) -> int:
+    """DataLoader workers per training process: the rule `data.num_workers: auto` applies, on the same facts."""
+    return auto_workers(cores, gpus, ram_available_bytes=ram_available_bytes, shm_free_bytes=shm_free_bytes)
 
 
 def host_findings(host: HostFacts, *, gpus: int, gpu_memory_bytes: int = 0) -> list[Finding]:
@@ -21,7 +22,8 @@ def host_findings(host: HostFacts, *, gpus: int, gpu_memory_bytes: int = 0) -> l
 
 
 def cpu_cores(h: HostFacts, gpus: int) -> Finding:
-    workers = suggested_workers(h.cpu_usable, gpus)
+    workers = suggested_workers(h.cpu_usable, gpus, ram_available_bytes=h.ram_available_bytes,
+                                shm_free_bytes=h.shm_free_bytes)
     limited = f" (of {h.cpu_logical} on the machine)" if h.cpu_usable < h.cpu_logical else ""
     evidence = {"usable_cores": h.cpu_usable, "logical_cores": h.cpu_logical, "physical_cores": h.cpu_physical,
                 "gpus": gpus, "suggested_workers": workers}

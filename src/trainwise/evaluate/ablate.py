@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainwise.atomic import atomic_write_json, atomic_write_text
-from trainwise.config import RunConfig
+from trainwise.config import RunConfig, metric_mode
 from trainwise.errors import ConfigError, RunDirError, TrainingError, TrainwiseError
 from trainwise.evaluate.ablation_stats import summarise_variants
-from trainwise.evaluate.curves import monitor_mode
 from trainwise.evaluate.run_eval import evaluate_run, read_eval
 from trainwise.run import RunDir
 
@@ -142,7 +141,7 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
-    goal = monitor_mode(metric)
+    goal = metric_mode(metric)
     result = {
         "recipe": recipe, "overrides": list(overrides), "vary": list(vary), "mode": mode, "seeds": seeds,
         "metric": metric, "goal": "lower is better" if goal == "min" else "higher is better",
@@ -159,11 +158,13 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
 
 
 def default_workers(jobs: int) -> int:
-    """One process per core on the CPU (each with one thread), one per GPU when there are GPUs."""
+    """One process per usable core on the CPU (each with one thread), one per GPU when there are GPUs."""
     import torch
 
+    from trainwise.data.loader import usable_cores
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return max(1, min(jobs, gpus or (os.cpu_count() or 1)))
+    return max(1, min(jobs, gpus or usable_cores()))
 
 
 def _run_one(recipe: str, overrides: list[str], path: Path, *, split: str, log: Path,
@@ -222,9 +223,11 @@ def _metric_value(run: RunDir, split: str, name: str) -> float | None:
 
 
 def _child_env(index: int, workers: int) -> dict[str, str]:
+    from trainwise.data.loader import usable_cores
+
     env = dict(os.environ)
-    # share the cores instead of every process claiming all of them
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    # share the cores this process may use instead of every child claiming all of them
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, usable_cores() // workers))
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     if not gpus:
         import torch

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from trainwise.config import metric_mode
+
 OVERFIT_RISE = 0.02  # val loss this far (relative) above its best
 UNDERFIT_KEPT = 0.7  # train loss still above this share of its start...
 FLAT_CHANGE = 0.05  # ...and changing less than this (relative) over the second half
@@ -42,12 +44,6 @@ class CurveAnalysis:
         return {"best": self.best, "findings": [f.to_dict() for f in self.findings]}
 
 
-def monitor_mode(metric: str) -> Literal["min", "max"]:
-    """Lower is better for losses and errors, higher for everything else (as EvalConfig decides)."""
-    name = metric.split("/")[-1]
-    return "min" if any(w in name for w in ("loss", "error", "mae", "rmse", "mse", "ece")) else "max"
-
-
 def series(records: list[dict[str, Any]], split: str, key: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric of one split, in step order; missing values left out."""
     points = [(int(r["step"]), float(r[key])) for r in records
@@ -61,7 +57,7 @@ def best_point(records: list[dict[str, Any]], monitor: str = "val/loss",
     points = [(s, v) for s, v in series(records, split or "val", key) if math.isfinite(v)]
     if not points:
         return None
-    mode = monitor_mode(monitor) if mode == "auto" else mode
+    mode = metric_mode(monitor) if mode == "auto" else mode
     pick = min if mode == "min" else max
     step, value = pick(points, key=lambda p: p[1])  # the first of equal values: the earliest step
     return {"metric": monitor, "value": value, "step": step}
@@ -187,7 +183,7 @@ def noisy_validation(records: list[dict[str, Any]], monitor: str = "val/loss") -
     flips = int((diffs[:-1] * diffs[1:] < 0).sum())
     flip_share = flips / (len(diffs) - 1)
     jitter = float(np.abs(values[1:-1] - (values[:-2] + values[2:]) / 2).mean())
-    improvement = float(abs(values[0] - (values.min() if monitor_mode(monitor) == "min" else values.max())))
+    improvement = float(abs(values[0] - (values.min() if metric_mode(monitor) == "min" else values.max())))
     if flip_share < NOISE_FLIPS or jitter <= NOISE_TO_SIGNAL * max(improvement, 1e-12):
         return None
     return Finding(
@@ -209,7 +205,7 @@ def still_improving(records: list[dict[str, Any]], monitor: str = "val/loss",
     points = series(records, split or "val", key)
     if len(points) < 3:
         return None
-    sign = -1.0 if (monitor_mode(monitor) if mode == "auto" else mode) == "min" else 1.0
+    sign = -1.0 if (metric_mode(monitor) if mode == "auto" else mode) == "min" else 1.0
     last = [v for _, v in points[-3:]]
     gains = [sign * (b - a) / max(abs(a), 1e-12) for a, b in zip(last, last[1:])]
     if min(gains) <= 0.005:

@@ -33,21 +33,24 @@ def read_eval(run: RunDir) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        evaluation = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise RunDirError(f"{path} is not valid JSON ({e}); run `trainwise eval {run.path}` again.") from None
+    if not isinstance(evaluation, dict):
+        raise RunDirError(f"{path} is not an evaluation (a JSON object); run `trainwise eval {run.path}` again.")
+    return evaluation
 
 
 def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", checkpoint: Checkpoint = "best",
                  *, device: str = "auto") -> dict[str, Any]:
     """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors)."""
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.device import resolve_device
-    from trainwise.train.evaluation import predict
+    from trainwise.train import predict, resolve_device
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
     if split not in SPLITS:
         raise DataError(f"--split {split!r}: choose one of {', '.join(SPLITS)}.")
+    run.remove_stale_temp_files()  # left by a writer killed mid-write; kept while a writer is live
     config = run.read_config()
     bundle = build_data(config)
     dataset = getattr(bundle, split)
@@ -55,7 +58,8 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
         raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0?); "
                         f"evaluate another with --split {'val' if split == 'test' else 'test'}.")
     model = build_model(config, bundle.spec)
-    state, step, weights = load_weights(run, checkpoint)
+    notes: list[str] = []
+    state, step, weights = load_weights(run, checkpoint, notes)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -65,32 +69,48 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
 
     task = get_task(bundle.spec.task)
     metrics = task.metrics(outputs, targets, bundle.spec.class_names)
+    live = run.liveness_note()
+    notes_found = [_note("checkpoint_fallback", n) for n in notes] + ([_note("run_in_progress", live)] if live else [])
     result = {"run": str(run.path), "split": split, "checkpoint": checkpoint, "weights": str(weights),
-              "step": step, **metrics, "warnings": metric_warnings(metrics)}
+              "step": step, **metrics, "warnings": notes_found + metric_warnings(metrics)}
     result["files"] = {k: str(v) for k, v in _write_eval(run, result, task.predictions(
         outputs, targets, bundle.spec.class_names)).items()}
     return result
 
 
-def load_weights(run: RunDir, checkpoint: Checkpoint) -> tuple[dict[str, Any], int | None, Path]:
-    """(state_dict, optimizer step it was saved at, file) for `best`, `last` or `final`."""
+def load_weights(run: RunDir, checkpoint: Checkpoint,
+                 notes: list[str] | None = None) -> tuple[dict[str, Any], int | None, Path]:
+    """(state_dict, optimizer step it was saved at, file) for `best`, `last` or `final`, verified against
+    their checksums. A damaged or missing `last` falls back to the newest intact step checkpoint, saying so
+    in `notes`; damaged `best` or final weights are refused (DamagedFileError)."""
     if checkpoint == "final":
         state = run.read_model()
         return _strip_wrappers(state), run.read_summary().get("steps"), run.model_path
     if checkpoint not in ("best", "last"):
         raise RunDirError(f"--checkpoint {checkpoint!r}: choose best, last or final (model.safetensors).")
-    from trainwise.train.checkpoint import read_checkpoint
+    from trainwise.train import read_checkpoint
 
     path = run.checkpoint_path(checkpoint)
-    if not path.is_file():
+    if checkpoint == "last" and run.step_checkpoints():
+        choice = run.latest_intact_checkpoint()
+        path = choice.path
+        if choice.notice and notes is not None:
+            notes.append(choice.notice)
+    elif not path.is_file():
         have = [name for name in ("best", "last") if run.checkpoint_path(name).is_file()]
         if run.model_path.is_file():
             have.append("final")
         raise RunDirError(f"{run.path} has no `{checkpoint}` checkpoint ({path} is missing). "
                           + (f"Available: --checkpoint {' / '.join(have)}." if have else
                              "It holds no weights at all: did training start?"))
+    else:
+        run.verify(path)
     saved = read_checkpoint(path)
     return _strip_wrappers(saved["model"]), saved.get("step"), path
+
+
+def _note(kind: str, message: str) -> dict[str, Any]:
+    return {"kind": kind, "severity": "warning", "message": message, "evidence": {}}
 
 
 def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:

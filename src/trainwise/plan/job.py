@@ -71,17 +71,20 @@ class JobEstimate:
 
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     from trainwise.recipes.factories import build_data, build_model
+    from trainwise.train import choose_precision
 
     bundle = build_data(config)
     spec = bundle.spec
     train = config.train
     micro = train.micro_batch_size or train.batch_size
     notes = []
-    precision = train.precision
-    if precision == "auto":
-        precision = "bf16"
-        notes.append("precision `auto` is planned as bf16 (what it resolves to on bf16 cards: Ampere and "
-                     "newer); older cards (T4, V100) would run fp16, with the same memory.")
+    # the trainer's rule, for the card planned for: a bf16 one (Ampere and newer)
+    precision = choose_precision(train.precision, "cuda", bf16_native=True)
+    cpu_precision = choose_precision(train.precision, "cpu", bf16_native=False)
+    if train.precision == "auto":
+        notes.append(f"precision `auto` is planned as {precision} (what it resolves to on bf16 cards: Ampere and "
+                     f"newer); older cards (T4, V100) would run "
+                     f"{choose_precision('auto', 'cuda', bf16_native=False)}, with the same memory.")
 
     if config.model.compile:
         notes.append("model.compile is planned as eager PyTorch; torch.compile usually needs less activation "
@@ -98,14 +101,14 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind)
     num_train = spec.num_train or len(bundle.train)
-    steps_per_epoch = max(1, math.ceil(num_train / train.batch_size))
-    total = train.max_steps or math.ceil(train.epochs * steps_per_epoch)
+    steps_per_epoch = train.steps_per_epoch(num_train)  # the trainer's count: a partial last batch never runs
+    total = train.total_steps(num_train)
     sample_bytes = math.prod(spec.input_shape) * torch.empty((), dtype=spec.input_dtype).element_size()
     samples = sum(len(split) for split in (bundle.train, bundle.val, bundle.test) if split is not None)
     return Job(step=step, batch_size=train.batch_size, total_steps=total, steps_per_epoch=steps_per_epoch,
                num_train=num_train, dataset_bytes=samples * (sample_bytes + 8), sample_bytes=sample_bytes,
                precision_requested=train.precision,
-               cpu_precision="fp32" if train.precision == "auto" else precision, checkpoints_kept=config.checkpoint.keep_last + 2,
+               cpu_precision=cpu_precision, checkpoints_kept=config.checkpoint.keep_last + 2,
                notes=tuple(notes))
 
 

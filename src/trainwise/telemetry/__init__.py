@@ -1,14 +1,5 @@
-"""GPU and host telemetry: the sampler behind system.jsonl, its alerts, and `trainwise monitor`."""
-from __future__ import annotations
+"""GPU and host telemetry: the sampler behind system.jsonl, its alerts, and `trainwise monitor`.
 
-
-def __getattr__(name: str):
-    # lazy, so `import trainwise.telemetry.nvml` (doctor) does not pull in the training package
-    if name == "TelemetryCallback":
-        from trainwise.telemetry.sampler import TelemetryCallback
-
-        return TelemetryCallback
-    raise AttributeError(name)
-
-
-__all__ = ["TelemetryCallback"]
+A service with no knowledge of training: the engine attaches the sampler through its own callback
+(trainwise.train.telemetry_callback), and doctor grades cards with the same alert rules.
+"""

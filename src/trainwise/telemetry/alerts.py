@@ -1,6 +1,8 @@
 """Telemetry alerts: pure rules from samples (and the trainer's data-wait share) to events.
 
 A condition raises one event when it starts or gets worse, not one per sample; it re-arms once it clears.
+`temperature_level` and `throttle_level` are the product's one judgement of a GPU's temperature and clocks:
+`trainwise doctor` grades a card with them too, so a card the doctor passes does not alert while training.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from trainwise.errors import ConfigError
 from trainwise.telemetry.nvml import HARDWARE_REASONS, POWER_REASONS, THERMAL_REASONS
 
 STARVED_LOGS_IN_A_ROW = 2  # the first log window includes worker start-up: one high reading proves nothing
+BUSY_UTILIZATION_PCT = 50  # a card this busy at its power limit is working as designed
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,12 @@ class Alert:
 def thresholds_from(**fields: Any) -> TelemetryConfig:
     """A TelemetryConfig from user-given thresholds, with a ConfigError that names the bad one."""
     try:
-        settings = TelemetryConfig(**fields)
+        return TelemetryConfig(**fields)
     except ValidationError as error:
         first = error.errors()[0]
-        raise ConfigError(f"telemetry.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    if settings.temperature_warn_c >= settings.temperature_fail_c:
-        raise ConfigError(f"the warning temperature ({settings.temperature_warn_c:g} °C) must be below the failure "
-                          f"temperature ({settings.temperature_fail_c:g} °C).")
-    return settings
+        where = ".".join(map(str, first["loc"]))  # empty for a rule across fields (warning below failure)
+        raise ConfigError(f"telemetry{'.' + where if where else ''}: "
+                          f"{first['msg'].removeprefix('Value error, ')}") from None
 
 
 def temperature_level(temperature_c: float | None, settings: TelemetryConfig) -> str | None:
@@ -50,15 +51,21 @@ def temperature_level(temperature_c: float | None, settings: TelemetryConfig) ->
     return None
 
 
-def throttle_level(reasons: list[str] | None) -> tuple[str, list[str]] | None:
-    """(severity, the reasons that matter) for the throttle reasons that cost speed, else None."""
+def throttle_level(reasons: list[str] | None,
+                   utilization_pct: float | None = None) -> tuple[str, list[str]] | None:
+    """(severity, the reasons that matter) for the throttle reasons that cost speed, else None.
+
+    Hardware slowdown is an error (overheating, or the power supply cannot deliver); thermal throttling a
+    warning. A power cap is only worth knowing (info) on a busy card, or one whose load is unknown: drawing the
+    full power limit under load is normal. On a nearly idle card it is a warning: the limit was lowered."""
     active = set(reasons or [])
     if hardware := sorted(active & set(HARDWARE_REASONS)):
         return "error", hardware
     if thermal := sorted(active & set(THERMAL_REASONS)):
         return "warning", thermal
     if power := sorted(active & set(POWER_REASONS)):
-        return "info", power  # drawing the full power limit under heavy load is normal; worth knowing
+        idle = utilization_pct is not None and utilization_pct < BUSY_UTILIZATION_PCT
+        return ("warning" if idle else "info"), power
     return None
 
 
@@ -92,7 +99,7 @@ class AlertRules:
                 alerts.append(Alert("gpu_temperature", level, f"GPU {i} at {temp} °C (≥ {limit:g} °C): check its "
                                     "cooling", {"gpu": i, "temperature_c": temp, "threshold_c": limit,
                                                 "fan_pct": gpu.get("fan_pct")}))
-            throttle = throttle_level(gpu.get("throttle_reasons"))
+            throttle = throttle_level(gpu.get("throttle_reasons"), gpu.get("utilization_pct"))
             if self._starts(("throttle", i), throttle[0] if throttle else None):
                 severity, reasons = throttle
                 alerts.append(Alert("gpu_throttle", severity, f"GPU {i} clocks throttled: {', '.join(reasons)} "

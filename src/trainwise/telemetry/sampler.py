@@ -1,11 +1,7 @@
 """The telemetry sampler: a background thread that reads NVML and psutil every N seconds and hands each
-sample to a writer (RunDir.log_system while training, the screen in `trainwise monitor`), and
-`TelemetryCallback`, which attaches it to the Trainer:
-
-    Trainer(..., callbacks=[TelemetryCallback(config.telemetry)])
-
-writes system.jsonl (one sample every `telemetry.interval_s`, with the trainer's step) and alert events to
-events.jsonl. Without an NVIDIA GPU it records host metrics only.
+sample to a writer (RunDir.log_system while training, the screen in `trainwise monitor`). Without an NVIDIA
+GPU it records host metrics only. The training engine attaches it through its own callback
+(trainwise.train.telemetry_callback); telemetry knows nothing of the engine.
 
 It must never slow training: it sleeps between samples, runs at the lowest CPU priority, holds the GIL only
 for the few Python lines of a reading (NVML calls are ctypes calls, which release it), and swallows its own
@@ -18,10 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from trainwise.config import TelemetryConfig
-from trainwise.telemetry.alerts import Alert, AlertRules
 from trainwise.telemetry.nvml import NvmlSession, open_nvml
-from trainwise.train.callbacks import Callback
 
 
 class HostMeter:
@@ -108,53 +101,3 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
-
-
-class TelemetryCallback(Callback):
-    """Starts the sampler when training starts, turns samples and the train log's data-wait share into
-    alert events, stops the sampler when training ends (for any reason). Needs `trainer.run_dir`."""
-
-    def __init__(self, settings: TelemetryConfig):
-        self.settings = settings
-        self.sampler: Sampler | None = None
-        self._rules = AlertRules(settings)
-        self._lock = threading.Lock()  # alert state is touched by the sampler thread and the training loop
-        self._trainer = None
-
-    def on_fit_start(self, trainer) -> None:
-        if not self.settings.enabled or getattr(trainer, "run_dir", None) is None or self.sampler is not None:
-            return
-        self._trainer = trainer
-        self.sampler = Sampler(self._record, self.settings.interval_s).start()
-        if not self.sampler.has_gpus:
-            trainer.run_dir.log_event("telemetry", "no NVIDIA GPU to monitor; recording host metrics only",
-                                      step=getattr(trainer, "step", None),
-                                      evidence={"nvml": self.sampler.nvml_error})
-
-    def on_log(self, trainer, record: dict[str, Any]) -> None:
-        wait = record.get("data_wait_fraction")
-        if self.sampler is None or wait is None:
-            return
-        latest = self.sampler.latest or {}
-        utilization = [g["utilization_pct"] for g in latest.get("gpus", []) if g.get("utilization_pct") is not None]
-        with self._lock:
-            alerts = self._rules.check_starvation(float(wait), utilization)
-        self._log(alerts, record.get("step"))
-
-    def on_fit_end(self, trainer, summary: dict[str, Any]) -> None:
-        if self.sampler is not None:
-            self.sampler.stop()
-            self.sampler = None
-
-    def _record(self, sample: dict[str, Any]) -> None:
-        """Runs on the sampler thread."""
-        step = getattr(self._trainer, "step", None)
-        self._trainer.run_dir.log_system({"time": sample["time"], "step": step,
-                                          **{k: v for k, v in sample.items() if k != "time"}})
-        with self._lock:
-            alerts = self._rules.check_sample(sample)
-        self._log(alerts, step)
-
-    def _log(self, alerts: list[Alert], step: int | None) -> None:
-        for a in alerts:
-            self._trainer.run_dir.log_event(a.kind, a.message, severity=a.severity, step=step, evidence=a.evidence)

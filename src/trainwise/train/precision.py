@@ -12,17 +12,27 @@ Precision = Literal["fp32", "bf16", "fp16"]
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_precision(name: str, device: torch.device) -> Precision:
-    """`auto` → bf16 where the device computes it natively, fp16 on older CUDA cards, fp32 otherwise."""
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+def choose_precision(requested: str, device_kind: str, *, bf16_native: bool,
+                     device_name: str = "this GPU") -> Precision:
+    """What a run computes in: the one rule, applied by the trainer to the live device and by the planner to
+    the card it plans for. `auto` → bf16 where the device computes it natively, fp16 on older CUDA cards,
+    fp32 elsewhere. `bf16_native`: the CUDA card has bf16 units (compute capability 8.0, Ampere, or newer)."""
+    if requested == "auto":
+        if device_kind == "cuda":
+            return "bf16" if bf16_native else "fp16"
         return "fp32"  # CPU autocast is slower than fp32 for small models; MPS autocast is young
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        name_of_card = torch.cuda.get_device_name(device)
-        raise ConfigError(f"train.precision: {name_of_card} has no native bf16 (it needs compute capability "
+    if requested == "bf16" and device_kind == "cuda" and not bf16_native:
+        raise ConfigError(f"train.precision: {device_name} has no native bf16 (it needs compute capability "
                           "8.0, Ampere or newer); use train.precision=fp16 or auto.")
-    return name  # type: ignore[return-value]
+    return requested  # type: ignore[return-value]
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """`choose_precision` over the facts of `device`."""
+    if device.type != "cuda":
+        return choose_precision(name, device.type, bf16_native=False)
+    return choose_precision(name, "cuda", bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
+                            device_name=torch.cuda.get_device_name(device))
 
 
 def autocast(precision: Precision, device: torch.device):

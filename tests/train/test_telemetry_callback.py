@@ -8,7 +8,7 @@ import pytest
 from tests.doctor.fake_nvml import FakeGpu, install_fake_nvml
 from trainwise.config import RunConfig, TelemetryConfig
 from trainwise.run import RunDir
-from trainwise.telemetry import TelemetryCallback
+from trainwise.train.telemetry_callback import TelemetryCallback
 from trainwise.train.callbacks import Callback
 
 

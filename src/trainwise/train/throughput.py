@@ -1,0 +1,69 @@
+"""What the model consumes: samples/s of a recipe's forward + backward + optimizer step on a batch already on
+the device, and `trainwise data bench`, which sets the loader's rates (data/bench.py) against it.
+
+The rate lives with the engine because it runs the engine's pieces (optimizer, precision, device); the data
+room only receives it as a function.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from trainwise.config import RunConfig
+from trainwise.data.bench import BenchResult, bench, default_recipe
+from trainwise.data.bundle import DataSpec
+from trainwise.train.device import resolve_device
+from trainwise.train.optim import build_optimizer
+from trainwise.train.precision import autocast, resolve_precision
+
+
+def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch_size: int,
+               steps: int = 8) -> float:
+    """Samples/s of forward + backward + optimizer steps (the recipe's) on one random batch on `device`."""
+    from trainwise.recipes.factories import build_model
+
+    precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
+    model = build_model(config, spec).to(device)
+    optimizer = build_optimizer(model, config.optim)
+    inputs = torch.randn(batch_size, *spec.input_shape, device=device)
+    if spec.task == "classification":
+        targets = torch.randint(0, spec.num_classes or 2, (batch_size,), device=device)
+        loss_fn = torch.nn.functional.cross_entropy
+    else:
+        targets = torch.randn(batch_size, 1, device=device)
+        loss_fn = torch.nn.functional.mse_loss
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(precision, device):
+            loss = loss_fn(model(inputs).float(), targets)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(2):  # warm-up: allocator, cuDNN autotune
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return steps * batch_size / (time.perf_counter() - started)
+
+
+def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers: list[int | str] | None = None,
+                   batch_size: int | None = None, split: str = "train", seconds: float = 2.0,
+                   device: str | None = None, overrides: list[str] | None = None) -> BenchResult:
+    """`trainwise data bench`: the loader at each worker count against the recipe's model, and the verdict."""
+    from trainwise.recipes import load_recipe
+
+    recipe = recipe or default_recipe(directory)
+    config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
+    torch_device = resolve_device(device or config.train.device)
+    return bench(directory, config, lambda spec, batch: model_rate(config, spec, device=torch_device,
+                                                                   batch_size=batch),
+                 recipe=recipe, device=torch_device, workers=workers, batch_size=batch_size, split=split,
+                 seconds=seconds)
