@@ -2,7 +2,10 @@
 package that owns the work, and prints. A TrainwiseError becomes its message and exit code 2."""
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import RunDirError, TrainwiseError
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -61,7 +64,8 @@ def train(
     from trainwise.train.run import train_run
 
     config = load_recipe(recipe, overrides or [])
-    run = train_run(config, out, overwrite=overwrite)
+    with _run_dir_os_errors(out):
+        run = train_run(config, out, overwrite=overwrite)
     _print_outcome(run.read_summary(), run.path)
 
 
@@ -85,6 +89,27 @@ def demo(
     demo_run(out, overwrite=overwrite, console=console)
 
 
+@contextmanager
+def _run_dir_os_errors(out: Path) -> Iterator[None]:
+    """An OSError on `--out` itself or a file in it (`/proc/foo`, a read-only disk, a file in the way) is the
+    user's choice of place, not a trainwise bug: say so, with what the system said. Other OSErrors keep
+    their traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None or not _on_the_way(Path(os.fsdecode(error.filename)), out):
+            raise
+        raise RunDirError(f"--out {out}: cannot write the run directory there ({error.strerror or error}: "
+                          f"{os.fsdecode(error.filename)}). Choose a directory you can write to, "
+                          "e.g. --out runs/NAME.") from None
+
+
+def _on_the_way(path: Path, out: Path) -> bool:
+    """Whether `path` is `out`, a parent made for it, or a file inside it."""
+    path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
+    return path == out or out in path.parents or path in out.parents
+
+
 def _print_outcome(summary: dict, path: Path) -> None:
     status = summary.get("status", "?")
     best = summary.get("best") or {}
@@ -99,12 +124,14 @@ def _print_outcome(summary: dict, path: Path) -> None:
 
 def _register_rooms() -> None:
     from trainwise.data import commands as data_commands
+    from trainwise.diagnose import commands as diagnose_commands
     from trainwise.doctor import commands as doctor_commands
     from trainwise.evaluate import commands as evaluate_commands
     from trainwise.plan import commands as plan_commands
     from trainwise.telemetry import commands as telemetry_commands
 
-    for room in (plan_commands, doctor_commands, telemetry_commands, data_commands, evaluate_commands):
+    for room in (plan_commands, doctor_commands, telemetry_commands, data_commands, diagnose_commands,
+                 evaluate_commands):
         room.register(app)
 
 

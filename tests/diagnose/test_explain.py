@@ -1,0 +1,192 @@
+"""`explain` on real error texts (tests/diagnose/corpus/<category>/*.txt, each with its source URL) and on
+logs where the root cause is not the last line."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from trainwise.diagnose import CATEGORIES, explain
+
+CORPUS = Path(__file__).parent / "corpus"
+FILES = sorted(CORPUS.glob("*/*.txt"))
+SPEC_CATEGORIES = (  # the ids scripts match on, as issue E §5 lists them
+    "cuda_oom", "cpu_oom_killed", "shm_too_small", "device_side_assert", "nan_loss", "driver_too_old",
+    "cuda_mismatch", "no_gpu_visible", "nccl_error", "nccl_timeout", "ddp_unused_parameters", "device_mismatch",
+    "dtype_mismatch", "cudnn_error", "shape_mismatch", "checkpoint_load", "disk_full", "ecc_xid_hardware",
+    "unknown")
+
+
+def corpus_log(path: Path) -> tuple[str, str]:
+    """(source URL, the log as posted) of one corpus file."""
+    header, _, log = path.read_text(encoding="utf-8").partition("\n")
+    assert header.startswith("# source: https://"), f"{path} must start with '# source: URL'"
+    return header.removeprefix("# source: "), log
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_corpus_text_is_explained_as_its_category(path):
+    _, log = corpus_log(path)
+    finding = explain(log)
+    assert finding.code == path.parent.name, (finding.title, finding.evidence)
+    assert finding.severity == "error" and finding.fixes and finding.detail
+    lines = log.splitlines()
+    assert finding.evidence["lines"], "a diagnosis quotes the lines it rests on"
+    for quoted in finding.evidence["lines"]:  # quoted as written, at the line number given
+        assert lines[quoted["line"] - 1].strip().startswith(quoted["text"].rstrip("…"))
+
+
+def test_every_category_has_three_real_texts_and_the_ids_are_the_spec():
+    assert set(CATEGORIES) == set(SPEC_CATEGORIES) and CATEGORIES[-1] == "unknown"
+    assert {path.parent.name for path in FILES} == set(SPEC_CATEGORIES)
+    for category in SPEC_CATEGORIES:
+        texts = [corpus_log(path) for path in FILES if path.parent.name == category]
+        assert len({url for url, _ in texts}) >= 3, category
+
+
+def test_an_index_assertion_before_the_device_side_assert_is_a_label_out_of_range():
+    _, log = corpus_log(CORPUS / "device_side_assert" / "person-reid-372.txt")
+    finding = explain(log)
+    assert finding.code == "device_side_assert" and finding.title == "Label or index out of range"
+    quoted = [line["text"] for line in finding.evidence["lines"]]
+    assert any("t >= 0 && t < n_classes" in text for text in quoted)
+    assert any("device-side assert triggered" in text for text in quoted)
+
+
+def test_the_assertion_counts_when_printed_after_the_traceback_too():
+    # CUDA flushes the kernel's assertion message late: here it follows the Python error
+    log = ("RuntimeError: CUDA error: device-side assert triggered\n"
+           "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+           "/pytorch/aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+           "thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.\n")
+    assert explain(log).title == "Label or index out of range"
+    plain = explain(log.splitlines()[0])
+    assert plain.code == "device_side_assert" and plain.title == "CUDA device-side assert"
+
+
+# Lines as torch 2.x prints them (LlamaFactory#7396 for the watchdog, pytorch#16417 for the OOM).
+WATCHDOG = ("[rank{r}]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168, NumelOut=466119168, "
+            "Timeout(ms)=600000) ran for 600060 milliseconds before timing out.")
+OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 3 has a total "
+       "capacity of 23.65 GiB of which 11.06 MiB is free.")
+
+
+@pytest.mark.parametrize("oom_first", [True, False], ids=["merged log", "rank 3's log appended last"])
+def test_one_ranks_oom_wins_over_the_other_ranks_timeouts(oom_first):
+    timeouts = [WATCHDOG.format(r=r) for r in (0, 1, 2)]
+    log = "\n".join([OOM, *timeouts] if oom_first else [*timeouts, OOM])
+    finding = explain(log)
+    assert finding.code == "cuda_oom"
+    assert "rank 3" in finding.detail and "collective operation timed out" in finding.detail
+    assert OOM.removeprefix("[rank3]: ") in " ".join(line["text"] for line in finding.evidence["lines"])
+    alone = explain("\n".join(timeouts))
+    assert alone.code == "nccl_timeout" and len(alone.evidence["lines"]) == 1   # same message, three ranks
+
+
+def test_a_peer_that_exited_is_a_consequence_of_the_peers_own_error():
+    log = ("[rank1]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+           "ProcessGroupNCCL.cpp:1691, remote process exited or there was a network error, NCCL version 2.19.3\n"
+           "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert explain(log).code == "ecc_xid_hardware"
+    assert explain(log.splitlines()[0]).code == "nccl_error"
+
+
+def test_the_first_exception_of_a_chain_is_the_cause():
+    log = ("OSError: [Errno 28] No space left on device\n\n"
+           "During handling of the above exception, another exception occurred:\n\n"
+           "RuntimeError: [enforce fail at inline_container.cc:337] . unexpected pos 1664 vs 1558\n")
+    assert explain(log).code == "disk_full"
+
+
+def test_shared_memory_full_is_not_a_full_disk():
+    log = "RuntimeError: unable to write to file </torch_31911_952036340_6686>: No space left on device (28)"
+    assert explain(log).code == "shm_too_small"
+    assert explain("OSError: [Errno 28] No space left on device").code == "disk_full"
+
+
+def test_input_and_weight_types_tell_a_device_from_a_dtype_mismatch():
+    def category(inputs, weights):
+        return explain(f"RuntimeError: Input type ({inputs}) and weight type ({weights}) should be the same").code
+    assert category("torch.FloatTensor", "torch.cuda.FloatTensor") == "device_mismatch"
+    assert category("torch.cuda.HalfTensor", "torch.HalfTensor") == "device_mismatch"
+    assert category("torch.cuda.HalfTensor", "torch.cuda.FloatTensor") == "dtype_mismatch"
+    assert category("torch.DoubleTensor", "torch.FloatTensor") == "dtype_mismatch"
+
+
+def test_module_prefix_only_when_one_side_has_it():
+    one_side = explain('Missing key(s) in state_dict: "fc.weight".\n'
+                       'Unexpected key(s) in state_dict: "module.fc.weight".')
+    both = explain('Missing key(s) in state_dict: "module.fc.weight".\nUnexpected key(s) in state_dict: '
+                   '"module.head.weight".')
+    assert one_side.title == "State dict keys differ by a `module.` prefix"
+    assert both.code == "checkpoint_load" and both.title == "Checkpoint could not be loaded"
+
+
+def test_hardware_xid_codes_point_at_the_card_and_others_at_software_first():
+    software = explain("NVRM: Xid (PCI:0000:00:05): 43, pid=1045242, name=pt_main_thread, Ch 00000008")
+    hardware = explain("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double "
+                       "bit error (DBE) has been detected on GPU in the framebuffer")
+    assert software.code == hardware.code == "ecc_xid_hardware"
+    assert "CUDA_LAUNCH_BLOCKING" in software.fixes[0] and hardware.title == "GPU hardware error (ECC / Xid)"
+
+
+def test_source_lines_quoted_by_a_traceback_are_not_the_evidence():
+    _, log = corpus_log(CORPUS / "nan_loss" / "uoais-16.txt")
+    quoted = [line["text"] for line in explain(log).evidence["lines"]]
+    assert quoted == ["FloatingPointError: Loss became infinite or NaN at iteration=0!"]
+
+
+def test_the_trainers_own_non_finite_message_is_a_nan_loss():
+    message = ("non-finite loss or gradients at step 12 (loss nan, grad norm inf); first non-finite output: "
+               "encoder.0 (Linear). Lower optim.lr, check the inputs for NaN/Inf, or keep train.grad_clip_norm on.")
+    assert explain(f"trainwise.errors.TrainingError: {message}").code == "nan_loss"
+    for line in ("Loss is nan, stopping training", "train Loss: inf Acc: 0.10", "loss value became NaN"):
+        assert explain(line).code == "nan_loss", line
+
+
+def test_healthy_lines_are_no_diagnosis():
+    healthy = "\n".join([
+        "step 100 | loss 0.4312 | lr 3.0e-04 | grad_norm 1.02 | 1532 samples/s",
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+        "step 101 | loss: 0.4301 | grad_norm: inf | scale 32768",   # fp16 steps the GradScaler skips
+        "host:1:2 [0] NCCL INFO Channel 00 : 0[1000] -> 1[2000] via P2P/IPC",
+        "epoch 3: val_loss 0.39, val_accuracy 0.912, time 41.2s"])
+    assert explain(healthy).code == "unknown"
+
+
+def test_unknown_text_quotes_the_last_exception_and_claims_no_cause():
+    log = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    import foo\n"
+           "ModuleNotFoundError: No module named 'foo'\n\nDuring handling of the above exception:\n"
+           "KeyError: 'optimizer'\nsome trailing noise\n")
+    finding = explain(log)
+    assert finding.code == "unknown" and finding.title == "Error not recognised"
+    assert finding.evidence["lines"] == [{"line": 7, "text": "KeyError: 'optimizer'"}]
+    assert "no cause is claimed" in finding.detail
+    no_exception = explain("just\nsome words\n")
+    assert no_exception.evidence["lines"] == [{"line": 2, "text": "some words"}]
+
+
+def test_colours_and_long_lines_do_not_get_in_the_way():
+    coloured = "\x1b[31mRuntimeError: CUDA error: out of memory\x1b[0m"
+    assert explain(coloured).evidence["lines"] == [{"line": 1, "text": "RuntimeError: CUDA error: out of memory"}]
+    long_line = "RuntimeError: CUDA out of memory. " + "x" * 2000
+    assert len(explain(long_line).evidence["lines"][0]["text"]) <= 401
+
+
+def test_a_long_log_is_read_whole_and_fast():
+    progress = [f"step {i} loss 0.{i % 97:02d} lr 3e-4 grad_norm 1.{i % 7} 1234 samples/s" for i in range(50_000)]
+    log = "\n".join(["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", *progress])
+    started = time.perf_counter()
+    finding = explain(log)
+    assert finding.code == "cuda_oom" and finding.evidence["lines"][0]["line"] == 1
+    assert time.perf_counter() - started < 15   # ~1 s on a laptop; pattern-per-line matching took ~20 s
+
+
+def test_every_pattern_contains_one_of_its_rules_keywords():
+    from trainwise.diagnose.explain import RULES
+
+    for rule in RULES:
+        for pattern in rule.patterns:
+            assert any(word in pattern.pattern.lower() for word in rule.keywords), (rule.code, pattern.pattern)
