@@ -1,14 +1,27 @@
-"""What trainwise's loop costs over a minimal hand-written PyTorch loop doing the same work.
+"""What a whole trainwise run costs over a hand-written PyTorch loop doing the same job, with Lightning
+in the same rounds.
 
-Same model (the digits CNN), data, precision, accumulation (2 micro-batches), AdamW, warmup + cosine and
-gradient clipping. The hand loop slices tensors with a random permutation (the cheapest data path there is).
-Both run alternately in one process; the figure is the median over rounds of each round's ratio of median
-time per optimizer step, trainwise / hand loop (pairing within a round cancels the machine's drift).
-Target ≤ 1.03 on CPU. When `lightning` is installed (`pip install -e .[bench]`), its Trainer runs the same job
-in the same rounds for comparison.
+The job is the `digits` recipe as a user runs it (`trainwise train digits`), early stopping off so every
+run takes its 600 steps: the digits CNN, batch 64, AdamW with decay groups, warmup + cosine, clipping at
+1.0, label smoothing 0.05, the recipe's random-shift augmentation, a log line every 20 steps, validation
+and a checkpoint every 100 steps (keep 2) and at the end, the final weights saved. trainwise runs through
+`build_trainer` + `Trainer.fit()`, its loader as the recipe resolves it. The hand loop does the same work
+with the least machinery: tensor slicing by a permutation, `loss.item()` at log steps, `torch.save` of
+model + optimizer + scheduler to a temp file renamed into place. Lightning gets the same data, loader
+workers, logging, validation and checkpoint cadence.
+
+Each round runs all three once, in turn, so the machine's drift hits them alike; the figure is the median
+over ≥10 rounds of each round's ratio of whole-run wall time, trainwise / hand loop, with its spread. Beside
+it: host syncs per step between log steps, counted in one more trainwise run (HostSyncCounter).
+Target: median ratio ≤ 1.03.
+
+    .venv/bin/python benchmarks/loop_overhead.py [--rounds 10]
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -20,150 +33,202 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from trainwise import ArrayDataset, Callback, DataSpec, RunDir, Trainer, config_from_dict  # noqa: E402
-from trainwise.recipes.models import cnn  # noqa: E402
+from trainwise.recipes import load_recipe  # noqa: E402
+from trainwise.recipes.factories import build_data, build_model  # noqa: E402
+from trainwise.run import RunDir  # noqa: E402
+from trainwise.train.host_syncs import HostSyncCounter  # noqa: E402
+from trainwise.train.optim import parameter_groups  # noqa: E402
+from trainwise.train.run import build_trainer, seed_everything  # noqa: E402
 from trainwise.train.schedule import lr_factor  # noqa: E402
 
-STEPS, WARMUP_STEPS, ROUNDS = 120, 15, 10
-BATCH, MICRO = 64, 32
-SPEC = DataSpec(input_shape=(1, 8, 8), num_classes=10)
+# early stopping off: every run takes the same 600 steps. Validation at epoch ends off: the recipe also
+# validates every 100 steps, a schedule the hand loop and Lightning can follow exactly.
+OVERRIDES = ["eval.early_stopping.enabled=false", "eval.every_epoch=false", "telemetry.enabled=false",
+             "train.device=cpu"]
 
 
-def data():
-    g = torch.Generator().manual_seed(0)
-    return torch.rand(4096, 1, 8, 8, generator=g), torch.randint(0, 10, (4096,), generator=g)
+def recipe():
+    return load_recipe("digits", OVERRIDES)
 
 
-def model():
-    torch.manual_seed(0)
-    return cnn(SPEC, channels=(32, 64), hidden=128, dropout=0.1)
+def run_trainwise(config, tmp: Path, callbacks=()) -> float:
+    started = time.perf_counter()
+    run = RunDir(tmp / "trainwise")
+    trainer = build_trainer(config, run, callbacks)
+    run.initialise(overwrite=True)
+    trainer.fit()
+    return time.perf_counter() - started
 
 
-class StepClock(Callback):
-    def __init__(self):
-        self.times = []
-
-    def on_step_end(self, trainer):
-        self.times.append(time.perf_counter())
-
-
-def trainwise_loop(x, y) -> list[float]:
-    config = config_from_dict({
-        "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.01},
-        "schedule": {"warmup_steps": 10, "decay": "cosine"},
-        "train": {"max_steps": STEPS, "batch_size": BATCH, "micro_batch_size": MICRO, "precision": "fp32",
-                  "grad_clip_norm": 1.0, "log_every": 50, "device": "cpu"},
-        "eval": {"every_epoch": False}, "telemetry": {"enabled": False}})
-    clock = StepClock()
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(model(), ArrayDataset(x, y), config=config, run_dir=RunDir.create(Path(tmp) / "r"),
-                          callbacks=[clock], data_spec=SPEC)
-        trainer.fit()
-    return step_durations(clock.times)
-
-
-def hand_loop(x, y) -> list[float]:
-    net = model()
-    decay = [p for p in net.parameters() if p.ndim >= 2]
-    no_decay = [p for p in net.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=3e-3)
+def run_hand_loop(config, tmp: Path) -> float:
+    started = time.perf_counter()
+    seed_everything(config.seed)
+    bundle = build_data(config)
+    net = build_model(config, bundle.spec)
+    train, val = bundle.train, bundle.val
+    x, y = train.inputs, train.targets
+    optimizer = torch.optim.AdamW(parameter_groups(net, config.optim.weight_decay), lr=config.optim.lr)
+    steps, batch, warmup = config.train.max_steps, config.train.batch_size, config.schedule.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup=10, max_steps=STEPS, decay="cosine", min_ratio=0.0))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(0)
-    order, cursor, times = torch.randperm(len(x), generator=generator), 0, []
-    net.train()
-    for _ in range(STEPS):
-        for _ in range(BATCH // MICRO):
-            if cursor + MICRO > len(x):
-                order, cursor = torch.randperm(len(x), generator=generator), 0
-            index = order[cursor:cursor + MICRO]
-            cursor += MICRO
-            loss = loss_fn(net(x[index]), y[index]) / (BATCH // MICRO)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer, lambda s: lr_factor(s, warmup=warmup, max_steps=steps, decay="cosine", min_ratio=0.0))
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing)
+    generator = torch.Generator().manual_seed(config.seed)
+    order, cursor = torch.randperm(len(x), generator=generator), 0
+    out = tmp / "hand"
+    out.mkdir(exist_ok=True)
+    log = open(out / "log.jsonl", "w")
+    saved: list[Path] = []
+    running = torch.zeros(())
+    for step in range(1, steps + 1):
+        net.train()
+        if cursor + batch > len(x):
+            order, cursor = torch.randperm(len(x), generator=generator), 0
+        index = order[cursor:cursor + batch]
+        cursor += batch
+        inputs = bundle.augment(x[index]) if bundle.augment else x[index]
+        loss = loss_fn(net(inputs), y[index])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), config.train.grad_clip_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter())
-    return step_durations(times)
+        running += loss.detach()
+        if step % config.train.log_every == 0:
+            log.write(json.dumps({"step": step, "loss": running.item() / config.train.log_every}) + "\n")
+            log.flush()
+            running.zero_()
+        if step % config.eval.every_steps == 0 or step == steps:
+            net.eval()
+            with torch.no_grad():
+                logits = torch.cat([net(val.inputs[i:i + 256]) for i in range(0, len(val), 256)])
+                accuracy = (logits.argmax(1) == val.targets).float().mean().item()
+            log.write(json.dumps({"step": step, "val_accuracy": accuracy}) + "\n")
+            path = out / f"step-{step}.pt"
+            torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "step": step}, out / "tmp.pt")
+            os.replace(out / "tmp.pt", path)
+            saved.append(path)
+            while len(saved) > config.checkpoint.keep_last:
+                saved.pop(0).unlink()
+    torch.save(net.state_dict(), out / "final.pt")
+    log.close()
+    return time.perf_counter() - started
 
 
-def lightning_loop(x, y) -> list[float] | None:
+def run_lightning(config, tmp: Path, workers: int) -> float | None:
     try:
         import lightning as L
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.loggers import CSVLogger
     except ImportError:
         return None
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-    times: list[float] = []
+    started = time.perf_counter()
+    seed_everything(config.seed)
+    bundle = build_data(config)
+    steps = config.train.max_steps
 
     class Module(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = model()
-            self.loss_fn = torch.nn.CrossEntropyLoss()
+            self.net = build_model(config, bundle.spec)
+            self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing)
 
         def training_step(self, batch, batch_idx):
             inputs, targets = batch
-            return self.loss_fn(self.net(inputs), targets)
+            if bundle.augment:
+                inputs = bundle.augment(inputs)
+            loss = self.loss_fn(self.net(inputs), targets)
+            self.log("loss", loss)
+            return loss
 
-        def on_train_batch_end(self, outputs, batch, batch_idx):
-            if (batch_idx + 1) % (BATCH // MICRO) == 0:
-                times.append(time.perf_counter())
+        def validation_step(self, batch, batch_idx):
+            inputs, targets = batch
+            self.log("val_accuracy", (self.net(inputs).argmax(1) == targets).float().mean())
 
         def configure_optimizers(self):
-            decay = [p for p in self.parameters() if p.ndim >= 2]
-            no_decay = [p for p in self.parameters() if p.ndim < 2]
-            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                           {"params": no_decay, "weight_decay": 0.0}], lr=3e-3)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda s: lr_factor(s, warmup=10, max_steps=STEPS, decay="cosine", min_ratio=0.0))
+            optimizer = torch.optim.AdamW(parameter_groups(self.net, config.optim.weight_decay), lr=config.optim.lr)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
+                s, warmup=config.schedule.warmup_steps, max_steps=steps, decay="cosine", min_ratio=0.0))
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    dataset = ArrayDataset(x, y)  # the same batched fetch trainwise gets
-    sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)), MICRO, drop_last=True)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=lambda batch: batch)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, accumulate_grad_batches=BATCH // MICRO,
-                            gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp)
-        trainer.fit(Module(), loader)
-    return step_durations(times)
+    def loader(dataset, shuffle):
+        sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)) if shuffle
+                               else range(len(dataset)), config.train.batch_size if shuffle else 256,
+                               drop_last=shuffle)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=lambda b: b, num_workers=workers,
+                          persistent_workers=workers > 0)
+
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1,
+                        gradient_clip_val=config.train.grad_clip_norm, logger=CSVLogger(tmp / "lightning"),
+                        log_every_n_steps=config.train.log_every, val_check_interval=config.eval.every_steps,
+                        check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp / "lightning",
+                        callbacks=[ModelCheckpoint(dirpath=tmp / "lightning" / "ckpt",
+                                                   every_n_train_steps=config.eval.every_steps,
+                                                   save_top_k=config.checkpoint.keep_last, monitor="step",
+                                                   mode="max")])
+    trainer.fit(Module(), loader(bundle.train, True), loader(bundle.val, False))
+    return time.perf_counter() - started
 
 
-def step_durations(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times[WARMUP_STEPS:], times[WARMUP_STEPS + 1:])]
+def count_host_syncs(config, tmp: Path) -> dict:
+    counter = HostSyncCounter()
+    with counter:
+        run_trainwise(config, tmp, [counter.step_marker()])
+    steps = config.train.max_steps
+    run = RunDir(tmp / "trainwise")
+    # settle points: where the run logged a train or val record, or wrote a checkpoint
+    settle = {record["step"] for split in ("train", "val") for record in run.read_metrics(split)}
+    settle |= {s for s in range(1, steps + 1) if config.checkpoint.every_steps and s % config.checkpoint.every_steps == 0}
+    total = sum(len(calls) for step, calls in counter.by_step.items() if step > 0)
+    return {"per_step_between_log_steps": counter.syncs_between(settle, steps),
+            "per_step_overall": total / steps, "settle_points": len(settle)}
 
 
 def main() -> None:
-    x, y = data()
-    results: dict[str, list[float]] = {"trainwise": [], "hand_loop": [], "lightning": []}
-    round_ratios: dict[str, list[float]] = {"trainwise": [], "lightning": []}
-    for _ in range(ROUNDS):  # alternate so drift on a noisy machine hits all of them
-        ours, hand, theirs = trainwise_loop(x, y), hand_loop(x, y), lightning_loop(x, y) or []
-        results["trainwise"] += ours
-        results["hand_loop"] += hand
-        results["lightning"] += theirs
-        round_ratios["trainwise"].append(statistics.median(ours) / statistics.median(hand))
-        if theirs:
-            round_ratios["lightning"].append(statistics.median(theirs) / statistics.median(hand))
-    medians = {name: statistics.median(times) for name, times in results.items() if times}
-    ratio = statistics.median(round_ratios["trainwise"])
-    print(f"median step: trainwise {medians['trainwise'] * 1e3:.3f} ms, hand loop "
-          f"{medians['hand_loop'] * 1e3:.3f} ms, ratio {ratio:.3f} (target ≤ 1.03)")
-    lightning_ratio = statistics.median(round_ratios["lightning"]) if round_ratios["lightning"] else None
-    if lightning_ratio:
-        print(f"lightning {medians['lightning'] * 1e3:.3f} ms, ratio {lightning_ratio:.3f}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    config = recipe()
+    from trainwise.data.loader import choose_loader_settings
+
+    workers = choose_loader_settings(torch.device("cpu"), config.data.num_workers, config.data.pin_memory).num_workers
+    walls: dict[str, list[float]] = {"trainwise": [], "hand_loop": [], "lightning": []}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        run_trainwise(config, tmp)  # warm-up: imports, first-touch of the data
+        for round_index in range(args.rounds):
+            walls["trainwise"].append(run_trainwise(config, tmp))
+            walls["hand_loop"].append(run_hand_loop(config, tmp))
+            lightning = run_lightning(config, tmp, workers)
+            if lightning is not None:
+                walls["lightning"].append(lightning)
+            print(f"round {round_index + 1}: trainwise {walls['trainwise'][-1]:.2f} s, hand loop "
+                  f"{walls['hand_loop'][-1]:.2f} s" + (f", lightning {lightning:.2f} s" if lightning else ""),
+                  flush=True)
+        syncs = count_host_syncs(config, tmp)
+    ratios = [a / b for a, b in zip(walls["trainwise"], walls["hand_loop"])]
+    lightning_ratios = [a / b for a, b in zip(walls["lightning"], walls["hand_loop"])]
+    ratio = statistics.median(ratios)
+    spread = {"min": min(ratios), "max": max(ratios),
+              "quartiles": statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios}
+    print(f"whole run: trainwise / hand loop median {ratio:.3f} (rounds {spread['min']:.3f}–{spread['max']:.3f}); "
+          f"host syncs per step between log steps: {syncs['per_step_between_log_steps']:.2f}")
+    if lightning_ratios:
+        print(f"lightning / hand loop median {statistics.median(lightning_ratios):.3f}")
     write_result("loop_overhead", {
         "description": __doc__.strip().splitlines()[0],
-        "setup": {"model": "digits cnn (32, 64), hidden 128", "batch_size": BATCH, "micro_batch_size": MICRO,
-                  "precision": "fp32", "steps_per_run": STEPS, "rounds": ROUNDS, "device": "cpu"},
-        "median_step_s": medians, "ratio_trainwise_over_hand_loop": ratio,
-        "round_ratios": round_ratios,
-        "ratio_lightning_over_hand_loop": lightning_ratio, "target": 1.03,
-        "meets_target": ratio <= 1.03,
+        "setup": {"recipe": "digits", "overrides": OVERRIDES, "steps_per_run": config.train.max_steps,
+                  "log_every": config.train.log_every, "eval_and_checkpoint_every": config.eval.every_steps,
+                  "rounds": args.rounds, "loader_workers": workers, "device": "cpu"},
+        "wall_s": walls, "median_wall_s": {k: statistics.median(v) for k, v in walls.items() if v},
+        "ratio_trainwise_over_hand_loop": ratio, "ratio_spread": spread, "round_ratios": ratios,
+        "ratio_lightning_over_hand_loop": statistics.median(lightning_ratios) if lightning_ratios else None,
+        "host_syncs": syncs,
+        "targets": {"ratio_trainwise_over_hand_loop": 1.03, "host_syncs_per_step_between_log_steps": 0},
+        "meets_targets": ratio <= 1.03 and syncs["per_step_between_log_steps"] == 0,
     })
 
 
