@@ -16,6 +16,11 @@ class ConfigError(TrainwiseError):
     """A recipe, an override or a file the user gave is not valid."""
 
 
+class FactoryError(ConfigError):
+    """The user's own `module:function` factory raised: the message names it and its arguments, then shows
+    the user's traceback (the error is in their code, so they need to see where)."""
+
+
 class DataError(TrainwiseError):
     """The data cannot be used as given (bad labels, a corrupt shard, a missing split)."""
 
@@ -26,3 +31,42 @@ class RunDirError(TrainwiseError):
 
 class TrainingError(TrainwiseError):
     """Training stopped for a reason the user must act on (non-finite loss, out of memory)."""
+
+
+class RunInUseError(RunDirError):
+    """Another live process is writing the run directory (it holds the run's lock)."""
+
+
+class DamagedFileError(RunDirError):
+    """A file of a run directory is not what was written (checksum mismatch, cut short, not readable)."""
+
+
+class DiskFullError(RunDirError):
+    """A write ran out of disk space. The partial file was removed; the previous version is intact."""
+
+    def __init__(self, directory: object, free_bytes: int, needed_bytes: int, what: str = "this file", *,
+                 at_least: bool = False, advice: str = ""):
+        self.directory, self.free_bytes, self.needed_bytes = directory, free_bytes, needed_bytes
+        self._what, self._kwargs = what, {"at_least": at_least, "advice": advice}
+        needs = f"{'at least ' if at_least else ''}{self.mib(needed_bytes)} MiB"
+        super().__init__(f"no space left on {directory} ({self.mib(free_bytes)} MiB free, {what} needs {needs})."
+                         + (f" {advice}" if advice else ""))
+
+    def __reduce__(self):  # keyword-only arguments: the default pickling would lose them
+        return DiskFullError._rebuild, (self.directory, self.free_bytes, self.needed_bytes, self._what, self._kwargs)
+
+    @staticmethod
+    def _rebuild(directory, free_bytes, needed_bytes, what, kwargs) -> "DiskFullError":
+        return DiskFullError(directory, free_bytes, needed_bytes, what, **kwargs)
+
+    @staticmethod
+    def mib(n: int) -> str:
+        """Bytes as MiB for a message: whole MiB from 10 up, one decimal below (a 0.7 MiB checkpoint)."""
+        mib = n / 2**20
+        return f"{mib:.0f}" if mib >= 10 else f"{mib:.1f}"
+
+
+class RunDirWarning(UserWarning):
+    """A run directory holds something a reader skipped (a malformed record, a damaged summary)."""
+
+

@@ -14,6 +14,8 @@ directory alone, on another machine, after the fact.
       summary.json        status, steps, best and final metrics, timings
       eval/               metrics.json, confusion_matrix.csv, predictions.csv
       report.html         self-contained report
+      checksums.json      SHA-256 and size of each checkpoint and of the final weights (run_integrity.py)
+      .lock               held by the one process writing the run; says which (run_lock.py)
 """
 from __future__ import annotations
 
@@ -22,11 +24,17 @@ import os
 import shutil
 import threading
 import time
+import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise.atomic import atomic_write, atomic_write_json, atomic_write_text
-from trainwise.errors import RunDirError
+from trainwise import run_lock, run_records
+from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
+from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
+from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, free_space_warning,
+                                     load_weights_file, newest_intact)
+from trainwise.run_lock import Holder
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -36,6 +44,7 @@ Status = Literal["running", "completed", "stopped", "failed"]
 
 _CHECKPOINT_PREFIX = "step-"
 _CHECKPOINT_SUFFIX = ".pt"
+_LOCK_FILE = ".lock"
 
 
 class RunDir:
@@ -44,6 +53,10 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._lock = threading.Lock()  # trainer and telemetry thread append concurrently
+        self._writer_guard = threading.Lock()  # the first write may come from the trainer or the telemetry thread
+        self._writer: weakref.finalize | None = None  # gives the run's lock back when this object goes
+        self._sealed: set[Path] = set()  # record files whose torn tail (if any) was cut off
+        self.problems: list[str] = []  # what readers skipped (bad lines, a damaged summary), for the report
 
     # ---- lifecycle -------------------------------------------------------------------------------
     @classmethod
@@ -52,11 +65,16 @@ class RunDir:
         return cls(path).initialise(overwrite=overwrite)
 
     def initialise(self, *, overwrite: bool = False) -> "RunDir":
-        """Make this (not yet existing, or empty) directory on disk; see `create`."""
+        """Make this (not yet existing, or empty) directory on disk and hold its lock; see `create`."""
         self.refuse_existing(self.path, overwrite=overwrite)
-        if self.path.is_dir() and any(self.path.iterdir()):
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.acquire_writer()  # before anything is deleted: a run another process is writing is never wiped
+        for child in self.path.iterdir():
+            if child.name == _LOCK_FILE:  # unlinking a held lock file would let a second writer in
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
         return self
 
     @staticmethod
@@ -64,7 +82,11 @@ class RunDir:
         """Raise when creating a run at `path` would replace files the user did not ask to replace."""
         if path.exists() and not path.is_dir():
             raise RunDirError(f"{path} exists and is not a directory; choose another --out.")
-        if path.is_dir() and any(path.iterdir()) and not overwrite:
+        lock = path / _LOCK_FILE
+        holder = run_lock.holder(lock) if path.is_dir() and not run_lock.held_here(lock) else None
+        if holder is not None:
+            raise run_lock.in_use(path, holder)
+        if path.is_dir() and any(p.name != _LOCK_FILE for p in path.iterdir()) and not overwrite:
             raise RunDirError(
                 f"{path} already holds files (a previous run?). Nothing was touched.\n"
                 f"Choose another --out, `trainwise resume {path}` to continue it, or pass --overwrite "
@@ -131,16 +153,85 @@ class RunDir:
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 
+    @property
+    def error_log_path(self) -> Path:
+        return self.path / "error.log"
+
+    def write_error_log(self, text: str) -> None:
+        """The full traceback of a run that failed (the terminal and events.jsonl get the diagnosis)."""
+        atomic_write_text(self.error_log_path, text)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / _LOCK_FILE
+
+    @property
+    def checksums_path(self) -> Path:
+        return self.path / "checksums.json"
+
+    # ---- one writer --------------------------------------------------------------------------------
+    def acquire_writer(self) -> "RunDir":
+        """Hold the run's lock for as long as this object lives (or until `release_writer`).
+
+        Every write method calls it, so the first write takes the lock; call it earlier to fail fast.
+        RunInUseError (exit 2) when another live process holds it. Taking it also removes the temporary
+        files a killed writer left behind.
+        """
+        if self._writer is not None and self._writer.alive:
+            return self
+        with self._writer_guard:
+            if self._writer is None or not self._writer.alive:
+                self.path.mkdir(parents=True, exist_ok=True)
+                key, first = run_lock.acquire(self.lock_path, self.path)
+                self._writer = weakref.finalize(self, run_lock.release, key)
+                if first:  # nothing of this process is mid-write here: every temporary file is a leftover
+                    self._remove_temp_files()
+        return self
+
+    def release_writer(self) -> None:
+        """Give the lock back now (it also goes when this object is collected or the process ends)."""
+        if self._writer is not None:
+            self._writer()
+
+    def live_writer(self) -> Holder | None:
+        """The live process writing this run (pid, host, since), or None. Readers never take the lock."""
+        return run_lock.holder(self.lock_path)
+
+    def liveness_note(self) -> str | None:
+        """A sentence for readers when the summary says `running`: still training, or killed mid-run."""
+        if self.read_summary().get("status") != "running":
+            return None
+        return run_lock.liveness_note(self.path, self.live_writer())
+
+    def remove_stale_temp_files(self) -> list[Path]:
+        """For readers (eval, report): remove the temporary files of a killed writer, unless one is live."""
+        with run_lock.quiet(self.lock_path) as quiet:
+            return self._remove_temp_files() if quiet else []
+
+    def _remove_temp_files(self) -> list[Path]:
+        return remove_temp_files([self.path, self.checkpoints_dir, self.eval_dir])
+
     # ---- config ------------------------------------------------------------------------------------
     def write_config(self, config: "RunConfig") -> None:
         from trainwise.config import dump_yaml
 
+        self.acquire_writer()
         atomic_write_text(self.config_path, dump_yaml(config))
 
     def read_config(self) -> "RunConfig":
         from trainwise.config import load_config
 
+        self.read_config_text()  # a damaged file is named as such, not as a decoding traceback
         return load_config(self.config_path)
+
+    def read_config_text(self) -> str:
+        try:
+            return self.config_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise DamagedFileError(
+                f"{self.config_path} is damaged: byte {e.object[e.start]:#04x} at offset {e.start} is not "
+                "text (UTF-8). It holds the settings needed to rebuild the run's model and data: restore it "
+                "from a copy, or from a run trained with the same recipe and overrides.") from None
 
     # ---- append-only records ---------------------------------------------------------------------
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -164,37 +255,60 @@ class RunDir:
         self._append(self.system_path, {"time": time.time(), **sample} if "time" not in sample else sample)
 
     def read_metrics(self, split: str | None = None) -> list[dict[str, Any]]:
-        records = _read_jsonl(self.metrics_path)
+        """Every usable record (an int `step`); bad lines are skipped and named in `problems`."""
+        records = run_records.read_jsonl(self.metrics_path, run_records.metric_problem, self._problem)
         return [r for r in records if split is None or r.get("split") == split]
 
     def read_events(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.events_path)
+        return run_records.read_jsonl(self.events_path, run_records.event_problem, self._problem)
 
     def read_system(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.system_path)
+        return run_records.read_jsonl(self.system_path, run_records.sample_problem, self._problem)
 
     def drop_metrics_after(self, step: int) -> None:
         """On resume: forget records past the checkpoint's step; the resumed run writes them again."""
+        self.acquire_writer()
         if not self.metrics_path.exists():
             return
-        keep = [r for r in _read_jsonl(self.metrics_path) if int(r.get("step", 0)) <= step]
+        keep = [r for r in self.read_metrics() if r["step"] <= step]
         text = "".join(json.dumps(r) + "\n" for r in keep)
         with self._lock:
             atomic_write_text(self.metrics_path, text)
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
-        line = json.dumps(record, default=_jsonable) + "\n"
-        with self._lock, open(path, "a", encoding="utf-8") as f:
-            f.write(line)
+        self.acquire_writer()
+        line = (json.dumps(record, default=_jsonable) + "\n").encode("utf-8")
+        with self._lock:
+            if path not in self._sealed:  # a record torn by a crash would swallow this one
+                run_records.seal(path)
+                self._sealed.add(path)
+            run_records.append(path, line, advice=self._disk_advice())
+
+    def _problem(self, message: str) -> None:
+        if message not in self.problems:
+            self.problems.append(message)
+            warnings.warn(message, RunDirWarning, stacklevel=3)
 
     # ---- summary -----------------------------------------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> None:
+        self.acquire_writer()
         atomic_write_json(self.summary_path, summary)
 
     def read_summary(self) -> dict[str, Any]:
-        if not self.summary_path.exists():
+        """The summary, or {} when there is none yet or it is damaged (then named in `problems`): the
+        status and timings are then unknown, but metrics, checkpoints and weights can still be read."""
+        try:
+            summary = json.loads(self.summary_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
             return {}
-        return json.loads(self.summary_path.read_text())
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            summary = f"not valid JSON: {e}"
+        if not isinstance(summary, dict):
+            why = summary if isinstance(summary, str) else "not a JSON object"
+            self._problem(f"{self.summary_path} is damaged ({why}); the run's status, steps and timings are "
+                          "unknown. A resume rewrites it.")
+            return {}
+        return summary
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint_path(self, name: Literal["last", "best"] | int) -> Path:
@@ -215,55 +329,66 @@ class RunDir:
         return sorted(found)
 
     def save_checkpoint(self, step: int, write, *, is_best: bool, keep_last: int) -> Path:
-        """Write the checkpoint of `step` atomically, point `last` (and `best`) at it, keep the newest N."""
-        path = atomic_write(self.checkpoint_path(step), write)
-        _link_atomically(path, self.checkpoint_path("last"))
-        if is_best:
-            _link_atomically(path, self.checkpoint_path("best"))
-        for _, old in self.step_checkpoints()[:-keep_last] if keep_last > 0 else []:
+        """Write the checkpoint of `step` atomically with its checksum, point `last` (and `best`) at it,
+        keep the newest N. On a full disk: DiskFullError, the partial file removed, `last` untouched."""
+        self.acquire_writer()
+        written = atomic_write_digest(self.checkpoint_path(step), write, what="a checkpoint",
+                                      advice=self._disk_advice())
+        links = [self.checkpoint_path("last")] + ([self.checkpoint_path("best")] if is_best else [])
+        rotated = [old for _, old in self.step_checkpoints()[:-keep_last]] if keep_last > 0 else []
+        # Recorded before linking: a crash in between leaves `last` failing its check, and a resume falls
+        # back to this step's file, which is the same checkpoint.
+        self._ledger.record({p: written for p in [written.path, *links]}, drop=rotated)
+        for link in links:
+            atomic_link(written.path, link, advice=self._disk_advice())
+        for old in rotated:
             old.unlink(missing_ok=True)  # `last`/`best` are hard links: their data stays
-        return path
+        return written.path
+
+    def latest_intact_checkpoint(self) -> CheckpointChoice:
+        """The checkpoint to resume from: `last` when its checksum verifies, else the newest step checkpoint
+        that does (`.notice` then says which were skipped and why). RunDirError when there is none."""
+        return newest_intact(self.path, self.checkpoint_path("last"), self.step_checkpoints(), self._ledger)
+
+    def verify(self, path: Path) -> None:
+        """DamagedFileError when `path` (a checkpoint or the final weights) is not the file written there.
+        A file written before checksums were recorded cannot be checked and passes."""
+        fix = (f"`trainwise resume {self.path}` falls back to the newest intact checkpoint; `trainwise eval` can "
+               "use other weights (--checkpoint best, last or final).")
+        check_loadable(self._ledger.problem(path), path.name, fix)
+
+    def check_free_space(self, checkpoint_bytes: int, keep_last: int) -> str | None:
+        """A warning (for `train`, before training) when the disk cannot hold the checkpoints this run keeps
+        at once, else None. Checkpoints already here count as space a resumed run reuses."""
+        existing = list(self.checkpoints_dir.glob(f"*{_CHECKPOINT_SUFFIX}")) if self.checkpoints_dir.is_dir() else []
+        return free_space_warning(self.path, existing, checkpoint_bytes, keep_last)
+
+    @property
+    def _ledger(self) -> Ledger:
+        return Ledger(self.checksums_path, self.path)
+
+    def _disk_advice(self) -> str:
+        return (f"The partial file was removed; the run's earlier checkpoints are intact. Free some space (or "
+                f"move {self.path} to a bigger disk), then continue with `trainwise resume {self.path}`.")
 
     # ---- weights -----------------------------------------------------------------------------------
     def write_model(self, state_dict: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
         from safetensors.torch import save
 
+        self.acquire_writer()
         tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
         data = save(tensors, metadata=metadata)
-        return atomic_write(self.model_path, lambda f: f.write(data))
+        written = atomic_write_digest(self.model_path, lambda f: f.write(data), what="the final weights",
+                                      expected_bytes=len(data), advice=self._disk_advice())
+        self._ledger.record({self.model_path: written})
+        return written.path
 
     def read_model(self) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
+        """The final weights, verified against their checksum; DamagedFileError when they are not intact."""
         if not self.model_path.exists():
             raise RunDirError(f"{self.path} has no model.safetensors: the run has not finished.")
-        return load_file(self.model_path)
-
-
-def _link_atomically(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:  # filesystems without hard links
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill; the record is written again on resume
-    return records
+        self.verify(self.model_path)
+        return load_weights_file(self.model_path, verified=self._ledger.digest(self.model_path) is not None)
 
 
 def _jsonable(value: Any) -> Any:

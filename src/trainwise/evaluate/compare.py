@@ -33,7 +33,7 @@ def compare_runs(paths: list[str | os.PathLike]) -> dict[str, Any]:
     if not paths:
         raise RunDirError("give at least one run directory to compare.")
     runs = [RunDir.open(p) for p in paths]
-    configs = [flatten(yaml.safe_load(run.config_path.read_text()) or {}) for run in runs]
+    configs = [flatten(_raw_config(run)) for run in runs]
     keys = sorted(set().union(*configs) - _IGNORED_KEYS)
     missing = object()
     differences = {k: [c.get(k, missing) for c in configs] for k in keys}
@@ -47,6 +47,19 @@ def compare_runs(paths: list[str | os.PathLike]) -> dict[str, Any]:
         "config_differences": differences,
         "metrics": {name: [row.get(name) for row in rows] for name in metric_names},
     }
+
+
+def _raw_config(run: RunDir) -> dict[str, Any]:
+    """The run's config.yaml as written (not validated: runs of older versions still compare)."""
+    try:
+        raw = yaml.safe_load(run.read_config_text()) or {}
+    except yaml.YAMLError as e:
+        raise RunDirError(f"{run.config_path} is damaged: not valid YAML ({e}). Compare without this run, or "
+                          "restore its config.yaml from a copy.") from None
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{run.config_path} is damaged: it holds a {type(raw).__name__}, not the sections of "
+                          "a config. Compare without this run, or restore its config.yaml from a copy.")
+    return raw
 
 
 def _metric_row(run: RunDir) -> dict[str, Any]:

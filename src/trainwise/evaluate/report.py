@@ -1,7 +1,7 @@
 """`trainwise report RUN`: one self-contained file built from the run directory alone.
 
 HTML (inline PNG figures and CSS, nothing fetched) or Markdown (for terminals and pull requests). Sections:
-summary and status, warnings and diagnoses, evaluation (headline metrics beside their baseline, per-class
+summary and status, warnings, diagnosis (the diagnose stage's findings), evaluation (headline metrics beside their baseline, per-class
 table, confusion matrix, calibration), training curves, system telemetry, events, the resolved config.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from trainwise.atomic import atomic_write_text
 from trainwise.errors import ConfigError, TrainwiseError
-from trainwise.evaluate.curves import analyse_curves, series
+from trainwise.diagnose.run_rules import RunFacts, diagnose
+from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.run_eval import read_eval
 from trainwise.run import RunDir
 
@@ -37,31 +38,41 @@ def write_report(run_dir: str | os.PathLike | RunDir, fmt: Literal["html", "md"]
 
 
 def gather(run: RunDir) -> dict[str, Any]:
-    """Everything the report says, read from the run directory; no figures yet."""
-    config_text = run.config_path.read_text()
+    """Everything the report says, read from the run directory; no figures yet. What cannot be read (a
+    damaged summary, malformed records) is left out and listed among the warnings."""
+    damaged: list[str] = []
+    try:
+        config_text = run.read_config_text()
+    except TrainwiseError as e:  # a damaged config.yaml: the rest of the run can still be reported
+        config_text, damaged = "", [str(e)]
     try:
         config = run.read_config()
     except TrainwiseError:  # an older or hand-edited config still gets a report, from defaults
         config = None
     eval_config = config.eval if config else None
     records = run.read_metrics()
-    analysis = analyse_curves(
-        records, monitor=eval_config.monitor if eval_config else "val/loss",
-        mode=eval_config.monitor_mode if eval_config else "auto",
-        patience=eval_config.early_stopping.patience if eval_config else 3,
-        early_stopping=bool(eval_config and eval_config.early_stopping.enabled))
     evaluation = read_eval(run)
     events = run.read_events()
     warnings = [{"source": "evaluation", **w} for w in (evaluation or {}).get("warnings", [])]
-    warnings += [{"source": "curves", **f.to_dict()} for f in analysis.findings]
     warnings += [{"source": "training", **e} for e in events if e.get("severity") in ("warning", "error")]
     summary = run.read_summary()
+    system = run.read_system()
+    # the Diagnosis section: the diagnose stage's findings over the same records (it owns the rules)
+    diagnosis = diagnose(RunFacts(metrics=records, events=events, system=system, summary=summary, config=config))
+    analysis = CurveAnalysis(best=best_point(records, eval_config.monitor if eval_config else "val/loss",
+                                             eval_config.monitor_mode if eval_config else "auto"),
+                             findings=diagnosis)
+    live = run.liveness_note()
+    warnings += [{"source": "run directory", "kind": "run_in_progress", "severity": "warning", "message": live}
+                 ] if live else []
+    warnings += [{"source": "run directory", "kind": "unreadable_record", "severity": "warning", "message": p}
+                 for p in damaged + run.problems]
     return {
         "run": run, "name": (config.name if config and config.name else run.path.name), "path": str(run.path),
         "summary": summary, "status": summary.get("status", "unknown"), "config_text": config_text,
-        "records": records, "analysis": analysis, "evaluation": evaluation, "events": events,
+        "records": records, "analysis": analysis, "diagnosis": diagnosis, "evaluation": evaluation, "events": events,
         "warnings": sorted(warnings, key=lambda w: {"error": 0, "warning": 1}.get(w.get("severity"), 2)),
-        "system": run.read_system(), "headline": headline(evaluation) if evaluation else [],
+        "system": system, "headline": headline(evaluation) if evaluation else [],
     }
 
 
@@ -163,6 +174,10 @@ def render_markdown(facts: dict[str, Any]) -> str:
     lines += [f"- **{w.get('severity', 'info')}** ({w['source']}, {w.get('kind')}): {w.get('message')}"
               + (f" — *{w['recommendation']}*" if w.get("recommendation") else "")
               for w in facts["warnings"]] or ["None found."]
+    lines += ["", "## Diagnosis", ""]
+    lines += [f"- **{f.severity}** `{f.code}`" + (f" at step {f.step}" if f.step is not None else "") +
+              f": {f.title}. {f.detail}" + (f" — *{f.fixes[0]}*" if f.fixes else "")
+              for f in facts["diagnosis"]] or ["No findings: the curves, throughput, memory and GPUs look healthy."]
     evaluation = facts["evaluation"]
     lines += ["", "## Evaluation", ""]
     if not evaluation:

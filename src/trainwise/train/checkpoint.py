@@ -43,12 +43,15 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def checkpoint_writer(state: dict[str, Any]):
-    """A `write(file)` callable for RunDir.save_checkpoint."""
+    """A `write(file)` callable for RunDir.save_checkpoint, which hashes the bytes as they are written and
+    may call it a second time, into a counting sink, to say how much space a checkpoint needs."""
     payload = {"format_version": FORMAT_VERSION, **state}
     return lambda f: torch.save(payload, f)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint file. It is not verified here: choose it with RunDir.latest_intact_checkpoint()
+    or check it with RunDir.verify(path) first (a few changed bytes still load, as wrong numbers)."""
     path = Path(path)
     if not path.is_file():
         raise RunDirError(f"no checkpoint at {path}. A run writes one after each evaluation, every "
@@ -57,6 +60,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated file or a foreign pickle
         raise RunDirError(f"{path} cannot be read as a trainwise checkpoint ({type(e).__name__}: {e}).") from None
+    if not isinstance(state, dict):
+        raise RunDirError(f"{path} is not a trainwise checkpoint (it holds a {type(state).__name__}).")
     if state.get("format_version") != FORMAT_VERSION:
         raise RunDirError(f"{path} has checkpoint format {state.get('format_version')!r}; this trainwise reads "
                           f"format {FORMAT_VERSION}.")
