@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwise.errors import RunDirError, TrainwiseError
+from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -59,23 +60,30 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
     overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
 ) -> None:
-    """Train a recipe into a new run directory."""
+    """Train a recipe into a new run directory.
+
+    Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
+    with `trainwise resume`); 130 aborted by a second Ctrl-C; 2 bad input; 1 a failure."""
     from trainwise.recipes import load_recipe
     from trainwise.train.run import train_run
 
     config = load_recipe(recipe, overrides or [])
-    with _run_dir_os_errors(out):
+    with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = train_run(config, out, overwrite=overwrite)
-    _print_outcome(run.read_summary(), run.path)
+    _finish(run.read_summary(), run.path)
 
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`.")) -> None:
-    """Continue a run from its last checkpoint with its saved config."""
+    """Continue a run from its last checkpoint with its saved config.
+
+    Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
+    2 bad input; 1 a failure."""
     from trainwise.train.run import resume_run
 
-    run = resume_run(run_dir)
-    _print_outcome(run.read_summary(), run.path)
+    with _exit_code_of_the_run(run_dir):
+        run = resume_run(run_dir)
+    _finish(run.read_summary(), run.path)
 
 
 @app.command()
@@ -110,6 +118,36 @@ def _on_the_way(path: Path, out: Path) -> bool:
     return path == out or out in path.parents or path in out.parents
 
 
+# A run stopped by a signal, checkpointed and resumable, is not a success: `train && eval` and job schedulers
+# must see it. 75 is sysexits' EX_TEMPFAIL ("try again later"); 130 is the shell's code for Ctrl-C.
+EXIT_STOPPED = 75
+EXIT_ABORTED = 130
+
+
+@contextmanager
+def _exit_code_of_the_run(path: Path) -> Iterator[None]:
+    """A second Ctrl-C aborts the run: say what the trainer recorded and exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from trainwise.run import RunDir
+
+        try:
+            summary = RunDir(path).read_summary()
+        except Exception:  # nothing recorded yet (the abort came before the first step)
+            summary = {}
+        if summary:
+            _print_outcome(summary, Path(path))
+        raise typer.Exit(EXIT_ABORTED) from None
+
+
+def _finish(summary: dict, path: Path) -> None:
+    """Print the outcome; a run stopped by a signal exits 75, not 0."""
+    _print_outcome(summary, path)
+    if summary.get("status") == "stopped":
+        raise typer.Exit(EXIT_STOPPED)
+
+
 def _print_outcome(summary: dict, path: Path) -> None:
     status = summary.get("status", "?")
     best = summary.get("best") or {}
@@ -138,7 +176,20 @@ def _register_rooms() -> None:
 _register_rooms()
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """trainwise's own warnings as one line for the person at the terminal; others as Python shows them."""
+    if issubclass(category, RunDirWarning):
+        Console(stderr=True, soft_wrap=True).print(Text("warning: ", style="bold yellow") + Text(str(message)),
+                                                   highlight=False)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main() -> None:
+    warnings.showwarning = _show_warning
     try:
         code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:

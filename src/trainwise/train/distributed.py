@@ -69,6 +69,12 @@ class FollowerRunDir(RunDir):
     def initialise(self, *, overwrite: bool = False) -> "RunDir":
         return self
 
+    def acquire_writer(self) -> "RunDir":
+        return self  # rank 0 holds the run directory's lock; another rank on its host must not contend
+
+    def write_error_log(self, text: str) -> None:
+        pass
+
     def write_config(self, config) -> None:
         pass
 

@@ -15,15 +15,23 @@ def _describe(record: dict) -> str:
             f"data wait {record['data_wait_fraction']:.0%}")
 
 
+def _starting(trainer) -> str:
+    if trainer.step:
+        return f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
+    return f"training {trainer.max_steps} steps"
+
+
 class ProgressDisplay(Callback):
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.progress: Progress | None = None
         self.task = None
         self.started = 0.0
+        self.first_step = 0  # the step this process started from (after a resume, not 0)
 
     def on_fit_start(self, trainer) -> None:
         self.started = time.perf_counter()
+        self.first_step = trainer.step
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"), BarColumn(),
@@ -31,7 +39,7 @@ class ProgressDisplay(Callback):
             self.progress.start()
             self.task = self.progress.add_task("", total=trainer.max_steps, completed=trainer.step)
         else:
-            self.console.print(f"training {trainer.max_steps} steps on {trainer.device} ({trainer.precision}); "
+            self.console.print(f"{_starting(trainer)} on {trainer.device} ({trainer.precision}); "
                                f"run directory {trainer.run_dir.path}", highlight=False)
 
     def on_step_end(self, trainer) -> None:
@@ -42,9 +50,10 @@ class ProgressDisplay(Callback):
         if self.progress is not None:
             self.progress.update(self.task, description=_describe(record))
             return
-        done = trainer.step / max(1, trainer.max_steps)
+        # from the pace since this process started: a resumed run has not done its first steps here
+        done_here = trainer.step - self.first_step
         elapsed = time.perf_counter() - self.started
-        eta = elapsed / done - elapsed if done > 0 else float("nan")
+        eta = elapsed / done_here * (trainer.max_steps - trainer.step) if done_here > 0 else float("nan")
         self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record)}  eta {eta:.0f}s",
                            highlight=False)
 

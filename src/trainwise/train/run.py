@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import check_labels
-from trainwise.errors import RunDirError
+from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.run import RunDir
 from trainwise.train.callbacks import Callback
@@ -43,6 +44,9 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
         RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
     if main:
+        warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
+        if warning:
+            warnings.warn(warning, RunDirWarning, stacklevel=2)
         run.initialise(overwrite=overwrite)
     trainer.fit()
     return trainer.run_dir
@@ -51,12 +55,12 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
 def resume_run(path: str | Path, callbacks: Sequence[Callback] = ()) -> RunDir:
     """Continue a run from its last checkpoint, with the config it was started with."""
     run = RunDir.open(path)
+    if launched_ranks().is_main:
+        run.acquire_writer()  # one writer per run directory: a second resume is refused here
     if run.read_summary().get("status") == "completed":
         raise RunDirError(f"{run.path} already completed; there is nothing to resume. Train a new run with "
                           "more steps, or evaluate this one with `trainwise eval`.")
-    if not run.checkpoint_path("last").exists():
-        raise RunDirError(f"{run.path} has no checkpoint yet (it stopped before its first one); start it "
-                          f"again with `trainwise train ... --out {run.path} --overwrite`.")
+    run.latest_intact_checkpoint()  # no intact checkpoint at all: say so before building anything
     trainer = build_trainer(run.read_config(), run, callbacks)
     trainer.fit(resume=True)
     return run

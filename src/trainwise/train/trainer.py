@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from torch.utils.data import Dataset
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.data.loader import build_loader, choose_loader_settings
-from trainwise.errors import ConfigError, DataError, TrainingError
+from trainwise.errors import ConfigError, DamagedFileError, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
@@ -76,10 +77,7 @@ class Trainer:
                               f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
         self.accumulation_steps = train.batch_size // per_step
         self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
-        if self.steps_per_epoch == 0:
-            raise DataError(f"the training split has {len(train_data)} samples, fewer than one batch "  # type: ignore[arg-type]
-                            f"(train.batch_size={train.batch_size}); lower the batch size.")
-        self.max_steps = train.max_steps or math.ceil(train.epochs * self.steps_per_epoch)
+        self.max_steps = train.total_steps(len(train_data))  # type: ignore[arg-type]
         self.step = 0                 # optimizer steps done
         self.epoch = 0                # epochs started
         self.batch_in_epoch = 0       # optimizer steps done in this epoch
@@ -106,7 +104,8 @@ class Trainer:
         self.sampler = ResumableBatchSampler(len(train_data), self.micro_batch_size,  # type: ignore[arg-type]
                                              self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
                                              rank=self.ranks.rank, world_size=self.ranks.world_size)
-        settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory)
+        settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory,
+                                          batch_bytes=_batch_bytes(train_data, self.micro_batch_size))
         # worker processes reseed their RNGs per batch from (seed, epoch, position): random transforms
         # in a Dataset resume exactly; in-process loading shares the checkpointed global RNG instead
         fetched = seeded_by_position(train_data) if settings.num_workers > 0 else train_data
@@ -122,7 +121,10 @@ class Trainer:
         """Train to `max_steps` (or an early stop, or a signal). `resume=True` continues from `last`."""
         started = time.time()
         if resume:
-            self._load(self.run_dir.checkpoint_path("last"))
+            choice = self.run_dir.latest_intact_checkpoint()  # `last`, or the newest step that verifies
+            if choice.notice:
+                self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
+            self._load(choice.path)
         else:
             self.run_dir.write_config(self.config)
             self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in "
@@ -140,10 +142,17 @@ class Trainer:
             self.callbacks.on_fit_end(self, summary)
             raise
         except BaseException as error:
-            summary = self._write_summary("failed", started, message=f"{type(error).__name__}: {error}")
+            summary = self._write_summary("failed", started, message=self._record_failure(error))
             self.callbacks.on_fit_end(self, summary)
             raise
         return self._finish(started)
+
+    def checkpoint_bytes(self) -> int:
+        """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
+        weights = sum(t.nbytes for t in self.model.state_dict().values() if isinstance(t, torch.Tensor))
+        moments = {"adamw": 2, "adam": 2, "sgd": 1}.get(self.config.optim.name, 2)
+        trainable = sum(p.nbytes for p in self.train_step.parameters)
+        return weights + moments * trainable
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current optimizer step (callbacks may call this)."""
@@ -329,17 +338,34 @@ class Trainer:
                                          "lr": self.scheduler.get_last_lr()[0]})
         raise TrainingError(problem)
 
+    def _record_failure(self, error: BaseException) -> str:
+        """The traceback to RUN/error.log; its diagnosis (trainwise explain's rules) to events.jsonl."""
+        from trainwise.diagnose.explain import explain
+
+        text = "".join(traceback.format_exception(error))
+        self.run_dir.write_error_log(text)
+        finding = explain(text)
+        cause = f"{type(error).__name__}: {error}"
+        if finding.code != "unknown":
+            self.run_dir.log_event("failed", f"{finding.title}: {finding.detail}", severity="error",
+                                   step=self.step, evidence=finding.to_dict())
+            cause += f" [{finding.code}: {finding.title}; fixes: {'; '.join(finding.fixes[:2])}]"
+        return cause
+
     def _finish(self, started: float) -> dict[str, Any]:
         if self._stop_reason is None or self._stop_reason == "early_stop":
             if self._last_checkpoint_step != self.step:
                 self._save_checkpoint()
-            if self._stop_reason == "early_stop":
-                self.run_dir.log_event("early_stop", f"{self.config.eval.monitor} did not improve for "
-                                       f"{self.early_stopping.patience} evaluations; stopped at step "
-                                       f"{self.step}", step=self.step, evidence=self.early_stopping.state_dict())
             restored = self._restore_best()
+            message = None
+            if self._stop_reason == "early_stop":
+                message = (f"stopped early at step {self.step} of {self.max_steps} ({self.config.eval.monitor} did "
+                           f"not improve for {self.early_stopping.patience} evaluations); best step "
+                           f"{self.early_stopping.best_step} " + ("restored" if restored else "kept"))
+                self.run_dir.log_event("early_stop", message, step=self.step,
+                                       evidence=self.early_stopping.state_dict())
             self.run_dir.write_model(self.model.state_dict(), {"step": str(self.step), "restored_best": str(restored)})
-            summary = self._write_summary("completed", started, restored_best=restored)
+            summary = self._write_summary("completed", started, message=message, restored_best=restored)
         else:
             if self._last_checkpoint_step != self.step:
                 self._save_checkpoint()
@@ -354,6 +380,11 @@ class Trainer:
         es = self.config.eval.early_stopping
         best = self.run_dir.checkpoint_path("best")
         if not (es.enabled and es.restore_best and best.exists()) or self.early_stopping.best_step == self.step:
+            return False
+        try:
+            self.run_dir.verify(best)
+        except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
+            self.run_dir.log_event("best_damaged", str(damage), severity="warning", step=self.step)
             return False
         self.model.load_state_dict(ckpt.read_checkpoint(best)["model"])
         return True
@@ -375,6 +406,17 @@ class Trainer:
         }
         self.run_dir.write_summary(summary)
         return summary
+
+
+def _batch_bytes(dataset: Dataset, micro_batch_size: int) -> int:
+    """Bytes of one micro-batch, from the first sample: what `auto` workers must fit in /dev/shm."""
+    try:
+        sample = dataset[0]
+    except Exception:  # a dataset that cannot be read here will say so clearly when the loader reads it
+        return 16 * 2**20
+    parts = sample if isinstance(sample, (tuple, list)) else (sample,)
+    sample_bytes = sum(t.nbytes for t in parts if isinstance(t, torch.Tensor))
+    return max(sample_bytes * micro_batch_size, 1)
 
 
 def _default_callbacks(config: RunConfig) -> list[Callback]:

@@ -1,0 +1,79 @@
+"""What a run tells the person afterwards: why it failed (diagnosed, traceback kept), why it stopped early,
+where a resume starts."""
+import io
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from tests.conftest import tiny_config
+from trainwise.data.bundle import ArrayDataset, DataSpec
+from trainwise.run import RunDir
+from trainwise.train.callbacks import Callback
+from trainwise.train.progress import ProgressDisplay
+from trainwise.train.run import build_trainer, resume_run
+from trainwise.train.trainer import Trainer
+
+
+class WrongDevice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x):  # the error text torch gives for tensors on two devices
+        raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                           "cuda:0 and cpu!")
+
+
+def test_a_failure_is_diagnosed_and_its_traceback_kept(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    data = ArrayDataset(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g))
+    config = tiny_config(train={"max_steps": 3, "batch_size": 16, "device": "cpu"},
+                         eval={"every_steps": None, "every_epoch": False})
+    trainer = Trainer(WrongDevice(), data, config=config, run_dir=RunDir.create(tmp_path / "r"),
+                      data_spec=DataSpec(input_shape=(6,), num_classes=3))
+    with pytest.raises(RuntimeError):
+        trainer.fit()
+    run = trainer.run_dir
+    assert "Traceback" in run.error_log_path.read_text() and "forward" in run.error_log_path.read_text()
+    summary = run.read_summary()
+    assert summary["status"] == "failed" and "device_mismatch" in summary["message"]
+    event = [e for e in run.read_events() if e["kind"] == "failed"][0]
+    assert event["severity"] == "error" and event["evidence"]["code"] == "device_mismatch"
+
+
+def test_early_stopping_says_why_and_which_step_was_restored(tmp_path):
+    run = RunDir(tmp_path / "run")
+    config = tiny_config(optim={"lr": 1e-9}, train={"max_steps": 200, "log_every": 10},
+                         eval={"every_steps": 10, "early_stopping": {"enabled": True, "patience": 2}})
+    trainer = build_trainer(config, run)
+    run.initialise()
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["steps"] < 200
+    message = summary["message"]
+    assert message.startswith(f"stopped early at step {summary['steps']} of 200 (")
+    assert "did not improve for 2 evaluations" in message and f"best step {summary['best']['step']}" in message
+
+
+class StopAt(Callback):
+    def __init__(self, step):
+        self.at = step
+
+    def on_step_end(self, trainer):
+        if trainer.step == self.at:
+            trainer.request_stop("signal:test")
+
+
+def test_resume_says_where_it_starts(tmp_path):
+    run = RunDir(tmp_path / "run")
+    trainer = build_trainer(tiny_config(train={"max_steps": 30, "log_every": 5}), run, [StopAt(12)])
+    run.initialise()
+    trainer.fit()
+    out = io.StringIO()
+    display = ProgressDisplay(Console(file=out, force_terminal=False, width=200))
+    resume_run(run.path, [display])
+    text = out.getvalue()
+    assert "resuming from step 12 of 30 (epoch" in text
+    etas = [float(line.rsplit("eta ", 1)[1].rstrip("s")) for line in text.splitlines() if "eta " in line]
+    assert etas[0] > 0  # from the pace since the resume, not as if 12 steps had taken no time
