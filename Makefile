@@ -21,6 +21,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PIP) install -q -e ".[test,bench]"
+	$(PIP) install -q --no-deps "litdata>=0.2" lightning-utilities
+	$(PIP) install -q boto3 requests filelock
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:

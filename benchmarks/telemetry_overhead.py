@@ -11,13 +11,18 @@ machine shared with other jobs wall time is mostly their noise, while CPU time s
 adds.
 
 Every "on" block starts with an immediate sample, so short blocks sample more often than a real run does:
-the ratio errs high. Also measured: the cost of one sample (NVML + psutil + the system.jsonl append); the
-overhead bound is cost / interval.
+the ratio errs high. Also measured: the cost of one sample, host part (psutil + the system.jsonl append) and
+GPU part (NVML, every card) apart; the overhead bound is their sum / interval.
 
-    .venv/bin/python benchmarks/telemetry_overhead.py
+Without an NVML device there is no GPU part to sample: the run then says that GPU sampling was not measured
+(the step-time ratios cover host sampling only), rather than report a figure that leaves it out.
+
+    .venv/bin/python benchmarks/telemetry_overhead.py            # the published figure (~2.5 minutes)
+    .venv/bin/python benchmarks/telemetry_overhead.py --quick    # does it run end to end (seconds)
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -34,7 +39,8 @@ from trainwise import ArrayDataset, Callback, DataSpec, RunDir, Trainer, config_
 from trainwise.config import TelemetryConfig  # noqa: E402
 from trainwise.recipes.models import cnn  # noqa: E402
 from trainwise.telemetry.nvml import open_nvml  # noqa: E402
-from trainwise.telemetry.sampler import HostMeter, TelemetryCallback, read_sample  # noqa: E402
+from trainwise.telemetry.sampler import HostMeter, read_sample  # noqa: E402
+from trainwise.train.telemetry_callback import TelemetryCallback  # noqa: E402
 
 BLOCK_S, CYCLES, SAMPLE_CALLS = 6.0, 6, 200
 CYCLE = ["off", "default_2s", "off", "stress_0.25s"]
@@ -109,40 +115,56 @@ def neighbour_ratios(blocks, field: int) -> dict[str, list[float]]:
     return ratios
 
 
-def sample_cost_s() -> float:
-    """Seconds per sample: NVML + psutil reading and one system.jsonl append."""
-    nvml, _ = open_nvml()
+def sample_costs_s(nvml) -> tuple[float, float | None]:
+    """Seconds per sample: (host part: psutil reading + one system.jsonl append, GPU part: NVML reading of
+    every card, or None without an NVML session)."""
     host = HostMeter()
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(Path(tmp) / "r")
         started = time.perf_counter()
         for _ in range(SAMPLE_CALLS):
-            run.log_system(read_sample(nvml, host))
-        cost = (time.perf_counter() - started) / SAMPLE_CALLS
-    if nvml is not None:
-        nvml.close()
-    return cost
+            run.log_system(read_sample(None, host))
+        host_cost = (time.perf_counter() - started) / SAMPLE_CALLS
+    if nvml is None:
+        return host_cost, None
+    started = time.perf_counter()
+    for _ in range(SAMPLE_CALLS):
+        nvml.samples()
+    return host_cost, (time.perf_counter() - started) / SAMPLE_CALLS
 
 
 def main() -> None:
+    global BLOCK_S, CYCLES
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 s blocks, two cycles: checks that it runs")
+    quick = parser.parse_args().quick
+    if quick:
+        BLOCK_S, CYCLES = 1.0, 2  # two cycles: the first block is dropped, each "on" block keeps two neighbours
     load_before = os.getloadavg()[0]
     blocks, samples = train_alternating()
     blocks = blocks[1:]  # the first block includes warm-up (allocator, first kernels)
     ratios = neighbour_ratios(blocks, 1)
     cpu_ratios = neighbour_ratios(blocks, 2)
-    cost = sample_cost_s()
     nvml, nvml_error = open_nvml()
     gpus = len(nvml.handles) if nvml else 0
+    host_cost, gpu_cost = sample_costs_s(nvml if gpus else None)
     if nvml is not None:
         nvml.close()
+    gpu_measured = gpu_cost is not None
+    not_measured = None if gpu_measured else (
+        f"GPU sampling (NVML): not measured, no NVML device here ({nvml_error or 'NVML sees no GPU'}); the step-time "
+        "ratios cover host sampling only")
+    cost = host_cost + (gpu_cost or 0.0)
+    default_ratio = statistics.median(ratios["default_2s"])
     step_ms = {m: round(statistics.median(b[1] for b in blocks if b[0] == m) * 1000, 3) for m in ["off", *INTERVALS]}
     payload = {
         "what": "mean optimizer-step time of the real Trainer (digits CNN, batch 64, fp32) with the real "
                 "TelemetryCallback switched on / off every block inside one run; each on-block over the mean "
                 "of its two off-neighbours; median over blocks",
         "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "gpus_sampled": gpus, "nvml": nvml_error or "ok", "block_s": BLOCK_S, "cycles": CYCLES,
-        "step_time_ratio_default_interval": round(statistics.median(ratios["default_2s"]), 4),
+        "gpus_sampled": gpus, "nvml": nvml_error or "ok", "gpu_sampling_measured": gpu_measured,
+        "not_measured": not_measured, "block_s": BLOCK_S, "cycles": CYCLES, "quick": quick,
+        "step_time_ratio_default_interval": round(default_ratio, 4),
         "step_time_ratio_stress_interval": round(statistics.median(ratios["stress_0.25s"]), 4),
         "ratios_per_block": {m: [round(v, 4) for v in vals] for m, vals in ratios.items()},
         "cpu_time_ratio_default_interval": round(statistics.median(cpu_ratios["default_2s"]), 4),
@@ -150,16 +172,23 @@ def main() -> None:
         "cpu_ratios_per_block": {m: [round(v, 4) for v in vals] for m, vals in cpu_ratios.items()},
         "median_step_ms": step_ms,
         "samples_written": samples,
-        "sample_cost_ms": round(cost * 1000, 3),
+        "sample_cost_ms": {"host": round(host_cost * 1000, 3),
+                           "gpu": round(gpu_cost * 1000, 3) if gpu_measured else "not measured (no NVML device)"},
         "host_load_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                            "cores": os.cpu_count()},  # load above the core count: other jobs shared the CPU
         "overhead_bound_default_interval": round(cost / 2.0, 6),
-        "target": "step_time_ratio_default_interval <= 1.01",
+        "overhead_bound_covers": "host and GPU sampling" if gpu_measured else "host sampling only",
+        "targets": {"step_time_ratio_default_interval": "<= 1.01"},
+        # what was measured met (or missed) the target; an unmeasured GPU part is named in not_measured
+        "meets_targets": default_ratio <= 1.01,
     }
     write_result("telemetry_overhead", payload)
     print({k: payload[k] for k in ("step_time_ratio_default_interval", "step_time_ratio_stress_interval",
                                    "cpu_time_ratio_default_interval", "cpu_time_ratio_stress_interval",
-                                   "median_step_ms", "sample_cost_ms", "overhead_bound_default_interval")})
+                                   "median_step_ms", "sample_cost_ms", "overhead_bound_default_interval",
+                                   "meets_targets")})
+    if not_measured:
+        print(not_measured)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
@@ -21,15 +23,25 @@ def prepared(image_folder, tmp_path):
     return out
 
 
-def test_batched_access_across_shards_matches_one_by_one(prepared):
+@pytest.mark.parametrize("targets_in_memory", [True, False], ids=["targets-column", "targets-per-shard"])
+def test_batched_access_across_shards_matches_one_by_one(prepared, monkeypatch, targets_in_memory):
+    import trainwise.data.prepared as module
+
+    monkeypatch.setattr(module, "TARGETS_IN_MEMORY_BYTES", 2**30 if targets_in_memory else 0)
     dataset = trainwise.data.open(prepared, "train")
+    assert dataset._targets_in_memory is targets_in_memory
     assert len(dataset.shards) > 3, "the batch below spans several shards"
-    indices = [len(dataset) - 1, 0, 5, 4, 6, 7, 1, -1]
+    indices = [len(dataset) - 1, 0, 5, 4, 6, 7, 1, -1, 2, 3]  # across shards, a repeat, a run in one shard
     inputs, targets = dataset.__getitems__(indices)
-    assert inputs.shape == (8, 3, 8, 8) and inputs.dtype == torch.float32 and targets.dtype == torch.int64
+    assert inputs.shape == (10, 3, 8, 8) and inputs.dtype == torch.float32 and targets.dtype == torch.int64
     for row, index in enumerate(indices):
         x, y = dataset[index]
         assert torch.equal(inputs[row], x) and int(targets[row]) == int(y)
+    stored = {field: np.concatenate([np.load(prepared / shard["files"][field]["file"]) for shard in dataset.shards])
+              for field in ("inputs", "targets")}  # the shard files read whole, the plain way
+    raw = dataset.gather(indices)
+    assert np.array_equal(raw["inputs"], stored["inputs"][indices])
+    assert np.array_equal(targets.numpy(), stored["targets"][indices])
     with pytest.raises(IndexError):
         dataset.__getitems__([len(dataset)])
 
@@ -37,8 +49,11 @@ def test_batched_access_across_shards_matches_one_by_one(prepared):
 def test_shards_are_memory_mapped_not_loaded(prepared):
     dataset = trainwise.data.open(prepared, "train")
     dataset.__getitems__([0])
-    maps = dataset._open()
-    assert all(isinstance(shard["inputs"], np.memmap) for shard in maps)
+    for shard in dataset._open():
+        base = shard["inputs"]
+        while not isinstance(base, mmap.mmap):  # a view of a view ... of the file's map, never a copy
+            assert base is not None, "a shard was read into memory"
+            base = base.base
 
 
 def test_worker_processes_deliver_the_same_batches(prepared):
@@ -74,6 +89,8 @@ def test_loader_settings_follow_cores_and_device(monkeypatch):
     import trainwise.data.loader as loader
 
     monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(loader, "cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(loader, "_free_memory", lambda: (64 * 2**30, 32 * 2**30))
     gpu = choose_loader_settings(torch.device("cuda"))
     assert gpu.num_workers == 8 and gpu.pin_memory and gpu.persistent_workers and gpu.prefetch_factor
     cpu = choose_loader_settings(torch.device("cpu"), 0)

@@ -64,6 +64,32 @@ def test_bad_input_is_refused_with_a_message(tmp_path, capsys):
     _refused(invoke(capsys, "data", "bench", str(tmp_path), "--workers", "two"), "--workers 'two'")
 
 
+def _edit_manifest(directory, change):
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda m: m["splits"]["train"]["shards"][0].__setitem__("count", 30), "splits.train"),
+    (lambda m: m.pop("splits"), "splits: Field required"),
+    (lambda m: m.__setitem__("schema", list(m["schema"].values())), "schema: Input should be a valid dictionary"),
+    (lambda m: m["splits"]["train"]["shards"][0]["files"]["inputs"].__setitem__("file", "../../etc/passwd"),
+     "is not a path inside the dataset directory"),
+    (lambda m: m["schema"]["inputs"].__setitem__("shape", [3, 8, 8]), "schema changed"),
+], ids=["shard-count", "no-splits", "list-for-object", "outside-path", "shape"])
+def test_a_damaged_manifest_is_refused_by_verify_and_train_with_exit_2(tmp_path, capsys, change, field):
+    source, out = photos(tmp_path / "photos", per_class=4), tmp_path / "prepared"
+    assert invoke(capsys, "prepare", str(source), "--to", str(out), "--size", "16", "--shard-size", "2",
+                  "--workers", "1").returncode == 0
+    _edit_manifest(out, change)
+    _refused(invoke(capsys, "data", "verify", str(out)), "manifest.json", field, "trainwise prepare",
+             "trainwise data verify")
+    _refused(invoke(capsys, "train", "image-folder", f"data.path={out}", "--out", str(tmp_path / "run"), *FAST),
+             "manifest.json", field)
+
+
 @pytest.mark.slow
 def test_own_photos_train_with_prepare_and_train_alone(tmp_path, capsys):
     source, out, run = photos(tmp_path / "photos"), tmp_path / "prepared", tmp_path / "run"
@@ -93,7 +119,7 @@ def test_own_csv_trains_with_the_table_recipe_and_bench_gives_a_verdict(tmp_path
     bench = invoke(capsys, "data", "bench", str(out), "--seconds", "0.2", "--workers", "auto,0",
                    "--device", "cpu")
     assert bench.returncode == 0, bench.stderr
-    assert "The loader delivers" in " ".join(bench.stdout.split()) and "data.num_workers=" in bench.stdout
+    assert "loaded the most" in " ".join(bench.stdout.split()) and "data.num_workers=" in bench.stdout
 
 
 def test_prepare_an_interaction_log_splits_each_user_by_time(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """CLI commands of this room: `trainwise prepare`, `trainwise data verify`, `trainwise data bench`."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -59,6 +60,7 @@ def prepare(
     if result.status == "up-to-date":
         console.print(f"{to}: up to date (same source and options); nothing to do. Use --force to redo it.",
                       soft_wrap=True)
+        _print_next_step(manifest, to)
         return
     counts = ", ".join(f"{split} {info['count']:,}" for split, info in manifest["splits"].items())
     resumed = f"; resumed, {result.reused_shards} shards kept from the interrupted run" if result.reused_shards else ""
@@ -70,20 +72,62 @@ def prepare(
         why = f" ({skipped['reason']})" if skipped.get("reason") else ""
         console.print(f"[yellow]skipped {skipped['count']}[/]{why}{listed} (all listed in manifest.json)",
                       highlight=False)
+    _print_next_step(manifest, to)
+
+
+MIN_STEPS_PER_EPOCH = 4  # a suggested batch size leaves at least this many optimizer steps per epoch
+
+
+def next_step(manifest: dict, to: Path) -> str:
+    """The `trainwise train` command that trains on the prepared data, with a batch size the training split
+    can fill (the recipe's default when it fits)."""
+    import shlex
+
+    from trainwise.recipes import load_recipe
+
+    if manifest["kind"] == "interactions":
+        return ("Next: train your own model on it through the Python API (trainwise.data.prepared."
+                "PreparedDataset); no built-in recipe reads interaction logs.")
+    recipe = "image-folder" if manifest["kind"] == "images" else "table"
+    path = shlex.quote(str(to))
+    default = load_recipe(recipe, [f"data.path={to}"]).train.batch_size
+    train_count = manifest["splits"]["train"]["count"]
+    batch = default
+    while batch > 1 and train_count < MIN_STEPS_PER_EPOCH * batch:
+        batch //= 2
+    extra = f" train.batch_size={batch}" if batch != default else ""
+    if manifest.get("task") == "regression" and recipe == "table":
+        extra += " eval.monitor=val/mae"
+    why = (f" (the recipe's batch of {default} is more than the {train_count:,} training samples hold; "
+           f"{batch} gives {train_count // batch} steps per epoch)" if batch != default else "")
+    return (f"Next: trainwise train {recipe} data.path={path} --out runs/{shlex.quote(Path(to).name)}{extra}"
+            f"{why}")
+
+
+def _print_next_step(manifest: dict, to: Path) -> None:
+    console.print(next_step(manifest, to), soft_wrap=True, highlight=False)
 
 
 @data_app.command("verify")
 def verify(directory: Path = typer.Argument(..., help="A prepared dataset directory.")) -> None:
-    """Re-hash every shard against the manifest; name any missing, truncated or altered one."""
-    from trainwise.data.shards import iter_files, read_manifest, verify as verify_shards
+    """Check manifest.json (schema, checksum), then every shard against it: header, size and sha256."""
+    from trainwise.data.shards import (CHECKSUM, UncheckedManifestWarning, iter_files, read_manifest,
+                                       verify as verify_shards)
 
-    problems = verify_shards(directory)
-    files = sum(1 for _ in iter_files(read_manifest(directory)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UncheckedManifestWarning)
+        manifest = read_manifest(directory)  # a damaged manifest is a DataError naming the field: exit 2
+    for warning in caught:
+        console.print(f"[yellow]warning:[/] {warning.message}", highlight=False, soft_wrap=True)
+    problems = verify_shards(directory, manifest)
+    files = sum(1 for _ in iter_files(manifest))
     if problems:
         lines = "\n".join(f"  {p.file}: {p.problem}" for p in problems)
         raise DataError(f"{directory}: {len(problems)} of {files} shard files are damaged:\n{lines}\n"
                         f"Prepare the dataset again (`trainwise prepare SOURCE --to {directory} --force`).")
-    console.print(f"{directory}: all {files} shard files match their sha256.", soft_wrap=True)
+    checked = "manifest.json matches its checksum; " if CHECKSUM in manifest else ""
+    console.print(f"{directory}: {checked}all {files} shard files match their sha256.",
+                  soft_wrap=True)
 
 
 @data_app.command("bench")
@@ -94,22 +138,41 @@ def bench(
     workers: Optional[str] = typer.Option(None, help="data.num_workers values to try, e.g. auto,0,2,4 (default: auto "
                                           "and 0 up to the cores)."),
     batch_size: Optional[int] = typer.Option(None, help="Batch size (default: the recipe's)."),
-    seconds: float = typer.Option(2.0, help="Seconds of loading per worker count."),
+    quick: bool = typer.Option(True, "--quick/--full", help="--quick (default, a few seconds): auto, 0 and the "
+                               "most workers, 0.5 s each, 2 model steps; --full: every worker count, 2 s each, "
+                               "8 model steps."),
+    seconds: Optional[float] = typer.Option(None, help="Seconds of loading per worker count (default: 0.5 with "
+                                            "--quick, 2 with --full)."),
     device: Optional[str] = typer.Option(None, help="Device of the model probe (default: the recipe's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the measurements and the verdict as JSON."),
 ) -> None:
     """Loader samples/s by worker count against the model's consumption: will data be the bottleneck?"""
-    from trainwise.data.bench import bench as run_bench
+    import json
 
-    counts = _parse_workers(workers) if workers else None
-    result = run_bench(directory, recipe=recipe, workers=counts, batch_size=batch_size, seconds=seconds,
-                       device=device)
+    from trainwise.data.bench import FULL_SECONDS, QUICK_SECONDS, worker_counts
+    from trainwise.train.throughput import bench_prepared
+
+    counts = _parse_workers(workers) if workers else worker_counts(quick=quick)
+    if seconds is not None and seconds <= 0:
+        raise DataError(f"--seconds {seconds:g}: give a positive number of seconds, e.g. --seconds 1.")
+    result = bench_prepared(directory, recipe=recipe, workers=counts, batch_size=batch_size,
+                            seconds=seconds or (QUICK_SECONDS if quick else FULL_SECONDS), device=device,
+                            model_steps=2 if quick else 8)
+    if as_json:
+        typer.echo(json.dumps({"loader_samples_per_s": result.loader, "model_samples_per_s": result.model,
+                               "batch_size": result.batch_size, "device": result.device, "recipe": result.recipe,
+                               "recommended_num_workers": result.verdict.workers,
+                               "bottleneck": result.verdict.bottleneck, "message": result.verdict.message}))
+        return
     table = Table("num_workers", "loader samples/s", box=None)
     for count, rate in result.loader.items():
         table.add_row(str(count), f"{rate:,.0f}")
     console.print(table)
     console.print(f"model ({result.recipe}, batch {result.batch_size}, {result.device}): "
                   f"{result.model:,.0f} samples/s")
-    console.print(result.verdict.message[0].upper() + result.verdict.message[1:] + ".")
+    console.print(result.verdict.message + ".", soft_wrap=True)
+    if quick and not workers:
+        console.print("[dim]A quick bench; --full tries every worker count for longer.[/]")
 
 
 def _parse_workers(text: str) -> list[int | str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -24,8 +25,9 @@ from trainwise.data import interactions as interaction_kind
 from trainwise.data.loader import usable_cores
 from trainwise.data import tables as table_kind
 from trainwise.data.splits import split_codes
-from trainwise.data.shards import (FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS, ProgressJournal, read_manifest,
-                                   write_manifest, write_shard)
+from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS, ProgressJournal,
+                                   UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
+                                   write_shard)
 from trainwise.errors import DataError
 
 Kind = Literal["auto", "images", "table", "interactions"]
@@ -92,9 +94,11 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     fingerprint = source_fingerprint(source)
     _check_destination(to, source)
     if (to / MANIFEST).is_file() and not force:
-        manifest = read_manifest(to)
+        manifest = _intact_manifest(to)
         if manifest.get("source", {}).get("fingerprint") == fingerprint and manifest.get("options") == recorded:
-            return PrepareResult(to, "up-to-date", manifest)
+            if CHECKSUM not in manifest:  # written by an older trainwise, its shards check out: add one
+                write_manifest(to, manifest)
+            return PrepareResult(to, "up-to-date", read_manifest(to))
     warnings = disk_warnings(to)
     if force:
         (to / PROGRESS).unlink(missing_ok=True)
@@ -109,6 +113,19 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     _remove_stale_files(to, read_manifest(to))
     status = "resumed" if job.reused else "prepared"
     return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings)
+
+
+def _intact_manifest(to: Path) -> dict[str, Any]:
+    """The manifest already in `to` when it and every shard header agree, else {} (prepare again)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UncheckedManifestWarning)  # prepare adds the checksum itself
+            manifest = read_manifest(to)
+    except DataError:
+        return {}
+    if any(shard_header_problems(to, manifest, split) for split in manifest["splits"]):
+        return {}
+    return manifest
 
 
 def detect_kind(source: Path, kind: str) -> str:

@@ -1,10 +1,10 @@
 """Read a prepared dataset: memory-mapped shards as a torch Dataset, and the DataBundle a recipe trains on.
 
-Nothing is loaded whole: each shard is `np.load(..., mmap_mode="r")`, opened lazily in the process that
-reads it (so DataLoader workers open their own maps), and a batch is gathered shard by shard with one
-fancy-index per shard. Images are stored as uint8 and become float32, scaled and normalised with the
-training split's statistics, one batch at a time (`normalize=False`: pixels / 255 in [0, 1], table
-features as encoded).
+Nothing big is loaded whole: each shard is `np.load(..., mmap_mode="r")`, opened lazily in the process
+that reads it (so DataLoader workers open their own maps), and a batch is gathered shard by shard with one
+call per shard it touches; targets, when the split's fit in TARGETS_IN_MEMORY_BYTES, are read once.
+Images are stored as uint8 and become float32, scaled and normalised with the training split's
+statistics, one batch at a time (`normalize=False`: pixels / 255 in [0, 1], table features as encoded).
 """
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.bundle import DataBundle, DataSpec
-from trainwise.data.shards import SPLITS, read_manifest
+from trainwise.data.shards import SPLITS, check_split_files, read_manifest
 from trainwise.errors import ConfigError, DataError
+
+
+TARGETS_IN_MEMORY_BYTES = 64 * 2**20  # 8M int64 labels: read once per process, not per batch and shard
 
 
 class PreparedDataset(Dataset):
@@ -40,10 +43,14 @@ class PreparedDataset(Dataset):
         counts = np.array([s["count"] for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self._length = int(self.offsets[-1])
+        self._starts = self.offsets[:-1].tolist()
         self._arrays: list[dict[str, np.ndarray]] | None = None
         self._targets: torch.Tensor | None = None
         self._scale, self._shift = _normalisation(self.manifest, normalize)
-        self._check_files()
+        targets = self.manifest["schema"]["targets"]
+        self._targets_in_memory = (np.dtype(targets["dtype"]).itemsize * int(np.prod(targets["shape"])) * self._length
+                                   <= TARGETS_IN_MEMORY_BYTES)
+        check_split_files(self.directory, self.manifest, split)  # headers only: cheap, and before batch one
 
     def __len__(self) -> int:
         return self._length
@@ -53,35 +60,58 @@ class PreparedDataset(Dataset):
         return inputs[0], targets[0]
 
     def __getitems__(self, indices: Sequence[int]):
-        batch = self.gather(indices, ("inputs", "targets"))
-        return self._to_inputs(batch["inputs"]), torch.from_numpy(batch["targets"])
+        index = self._checked(indices)
+        if not self._targets_in_memory:
+            batch = self.gather(index, ("inputs", "targets"))
+            return self._to_inputs(batch["inputs"]), torch.from_numpy(batch["targets"])
+        # small targets come from the split's column, read once (check_labels reads it anyway): one call a
+        # batch instead of one per shard the batch touches
+        return self._to_inputs(self.gather(index, ("inputs",))["inputs"]), self.targets[torch.from_numpy(index)]
 
     def gather(self, indices: Sequence[int], fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Raw stored values of `fields` (default: all) for `indices`, in the order given."""
-        index = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if index.size and (index.min() < -self._length or index.max() >= self._length):
-            raise IndexError(f"index out of range for {self.split} split of {self._length} samples")
-        index = np.where(index < 0, index + self._length, index)
+        index = self._checked(indices)
         arrays = self._open()
         fields = tuple(fields or self.fields)
-        out = {}
-        for field in fields:
-            spec = self.manifest["schema"][field]
-            out[field] = np.empty((len(index), *spec["shape"]), dtype=spec["dtype"])
         # visit the batch in index order: each shard's rows are one run of the sorted batch, read in file
-        # order (page-cache friendly), then scattered back to the positions the sampler asked for
+        # order (page-cache friendly) with one call per shard and field, straight into a buffer in that
+        # order; one scatter per field then puts the rows where the sampler asked for them. The calls per
+        # shard, not the bytes, bound the rate on small samples, hence no temporaries and no per-row work.
         order = np.argsort(index, kind="stable")
         ordered = index[order]
         bounds = np.searchsorted(ordered, self.offsets)
-        for shard in np.flatnonzero(bounds[1:] > bounds[:-1]):  # only the shards this batch touches
+        touched = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()  # only the shards this batch touches
+        bounds = bounds.tolist()  # Python ints from here: numpy scalar arithmetic costs more per shard
+        gathered = {field: self._empty(field, len(index)) for field in fields}
+        for shard in touched:
             lo, hi = bounds[shard], bounds[shard + 1]
-            local = ordered[lo:hi] - self.offsets[shard]
-            rows = order[lo:hi]
+            local = ordered[lo:hi] - self._starts[shard]
             contiguous = local[-1] - local[0] == hi - lo - 1  # sorted: a run without gaps (or repeats)
             for field in fields:
-                source = arrays[shard][field]
-                out[field][rows] = source[local[0]:local[-1] + 1] if contiguous else source[local]
+                source, target = arrays[shard][field], gathered[field][lo:hi]
+                if contiguous:
+                    target[...] = source[local[0]:local[-1] + 1]
+                else:  # mode="clip": indices are checked above and each file's rows against the manifest
+                    # when the split was opened; "raise" would buffer `out` once more
+                    np.take(source, local, axis=0, out=target, mode="clip")
+        if np.array_equal(order, np.arange(len(index))):  # asked in file order (evaluation): done
+            return gathered
+        out = {}
+        for field, rows in gathered.items():
+            out[field] = self._empty(field, len(index))
+            out[field][order] = rows
         return out
+
+    def _checked(self, indices: Sequence[int]) -> np.ndarray:
+        """`indices` as int64 in [0, len), negative ones counted from the end; IndexError beyond."""
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < -self._length or index.max() >= self._length):
+            raise IndexError(f"index out of range for {self.split} split of {self._length} samples")
+        return np.where(index < 0, index + self._length, index)
+
+    def _empty(self, field: str, rows: int) -> np.ndarray:
+        spec = self.manifest["schema"][field]
+        return np.empty((rows, *spec["shape"]), dtype=spec["dtype"])
 
     def column(self, field: str) -> np.ndarray:
         """One field over the whole split (e.g. `timestamp` of interactions), read into memory."""
@@ -108,22 +138,16 @@ class PreparedDataset(Dataset):
 
     def _open(self) -> list[dict[str, np.ndarray]]:
         if self._arrays is None:
-            self._arrays = [{field: np.load(self.directory / entry["file"], mmap_mode="r")
+            # plain ndarray views of the maps (each keeps its map open through `.base`): np.memmap's
+            # subclass hooks cost more than the copy itself when a batch reads a dozen rows per shard
+            self._arrays = [{field: np.load(self.directory / entry["file"], mmap_mode="r").view(np.ndarray)
                              for field, entry in shard["files"].items()} for shard in self.shards]
         return self._arrays
-
-    def _check_files(self) -> None:
-        # cheap (no hashing): a missing or truncated shard is named now, not as a crash mid-epoch
-        for shard in self.shards:
-            for entry in shard["files"].values():
-                path = self.directory / entry["file"]
-                if not path.is_file() or path.stat().st_size != entry["bytes"]:
-                    raise DataError(f"{path}: missing or truncated shard; run `trainwise data verify "
-                                    f"{self.directory}` and prepare the dataset again.")
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_arrays"] = None  # each worker process maps the files itself
+        state["_targets"] = None  # and reads the targets itself, rather than receive a pickled copy
         return state
 
 
