@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainwise.errors import ConfigError, DataError
 
@@ -65,18 +63,6 @@ class ModelConfig(Section):
                                          "(built-in models; torch.utils.checkpoint, use_reentrant=False).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
 
-    @field_validator("args")
-    @classmethod
-    def _builtin_args_are_typed(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if "name" not in info.data or "factory" not in info.data:
-            return args  # name or factory is itself invalid and reported
-        return _checked_builder_args("model", info.data["name"], info.data["factory"], args)
-
-    @model_validator(mode="after")
-    def _builtin_exists(self) -> "ModelConfig":
-        _refuse_unknown_builtin("model", self.name, self.factory)
-        return self
-
 
 class DataConfig(Section):
     name: str | None = Field("digits", description="Built-in data set: `digits`, `breast_cancer`, or "
@@ -104,18 +90,6 @@ class DataConfig(Section):
             raise ValueError(f"{value} worker processes would fork until the machine runs out of memory; use at "
                              "most 2 per usable core (data.num_workers=auto picks for you)")
         return value
-
-    @field_validator("args")
-    @classmethod
-    def _builtin_args_are_typed(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if "name" not in info.data or "factory" not in info.data:
-            return args
-        return _checked_builder_args("data", info.data["name"], info.data["factory"], args)
-
-    @model_validator(mode="after")
-    def _builtin_exists(self) -> "DataConfig":
-        _refuse_unknown_builtin("data", self.name, self.factory)
-        return self
 
     @model_validator(mode="after")
     def _fractions_leave_training_data(self) -> "DataConfig":
@@ -163,6 +137,10 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="Label smoothing for classification loss.")
     log_every: int = Field(10, gt=0, description="Optimizer steps between metric lines (and device syncs).")
     tf32: bool = Field(True, description="Allow TF32 matmuls on Ampere and newer cards in fp32.")
+    oom_policy: Literal["recover", "fail"] = Field("recover", description="On out-of-memory in a step: "
+                                                   "`recover` halves the micro-batch (accumulating more, so the "
+                                                   "effective batch is unchanged) and retries the same samples, "
+                                                   "then tries gradient checkpointing; `fail` stops.")
 
     @property
     def accumulation_steps(self) -> int:
@@ -415,27 +393,6 @@ def _suggestion(loc: list[str]) -> str:
     if close:
         return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
     return f" Allowed{where}: {', '.join(names)}."
-
-
-def _checked_builder_args(kind: str, name: str | None, factory: str | None, args: dict[str, Any]) -> dict[str, Any]:
-    """Built-in builders' arguments against their schema (recipes/schemas.py), so `model.args.channels=7` is
-    refused here, naming the key, before any data or model is built. The raw mapping is kept, so the saved
-    config.yaml reads as the user wrote it."""
-    from trainwise.recipes.schemas import args_schema  # imported late: recipes imports this module
-
-    schema = args_schema(kind, name, factory)
-    if schema is not None:
-        schema.model_validate(args)  # its ValidationError is reported under `model.args.<key>`
-    return args
-
-
-def _refuse_unknown_builtin(kind: str, name: str | None, factory: str | None) -> None:
-    from trainwise.recipes.schemas import unknown_builtin
-
-    problem = unknown_builtin(kind, name, factory)
-    if problem:  # raised as a ValidationError so that pydantic reports it at `<kind>.name`
-        raise ValidationError.from_exception_data(kind, [InitErrorDetails(
-            type=PydanticCustomError("unknown_builtin", problem), loc=("name",), input=name)])
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

@@ -13,6 +13,7 @@ the "settle points", which are also where ranks agree on stopping.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 import traceback
@@ -40,6 +41,7 @@ from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW, HealthReading, StepH
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
+from trainwise.train.recovery import can_checkpoint, out_of_memory_advice, smaller_micro_batch
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
@@ -170,7 +172,19 @@ class Trainer:
         log_every = self.config.train.log_every
         while self.step < self.max_steps and self._stop_reason is None:
             micro_batches = next(batches)
-            self._outcome = self.train_step(micro_batches)
+            try:
+                self._outcome = self.train_step(micro_batches)
+            except torch.OutOfMemoryError:
+                if not self._may_recover_from_oom():
+                    raise
+                out_of_memory = True
+            else:
+                out_of_memory = False
+            if out_of_memory:  # outside the except clause: the failed step's frames are gone
+                del micro_batches
+                self._recover_from_oom()
+                batches = self._batches(timer)  # the same position, cut into the new micro-batches
+                continue
             self.step += 1
             self.batch_in_epoch += 1
             self.health.record(self.step, self._outcome)
@@ -197,6 +211,48 @@ class Trainer:
                 self.request_stop("early_stop")
         if self._settled_step != self.step:  # stopped by a signal between settle points
             self._settle(None)
+
+    def _may_recover_from_oom(self) -> bool:
+        # under torchrun the other ranks wait in the gradient all-reduce: agreeing needs a collective that
+        # the failed rank can no longer reach, so a distributed run stops (and the others time out)
+        return self.config.train.oom_policy == "recover" and not self.ranks.enabled
+
+    def _recover_from_oom(self) -> None:
+        """Free what the failed step held, then change one thing: a smaller micro-batch, else gradient
+        checkpointing; the step is retried on the same samples. Raises when nothing is left to change."""
+        self.optimizer.zero_grad(set_to_none=True)  # a partial accumulation must not reach the update
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        step, old = self.step + 1, self.micro_batch_size
+        per_rank = self.config.train.batch_size // self.ranks.world_size
+        smaller = smaller_micro_batch(old, per_rank)
+        if smaller is not None:
+            self._set_micro_batch(smaller)
+            self.run_dir.log_event(
+                "oom_recovered", f"out of memory at step {step} with micro-batch {old}; retrying with micro-batch "
+                f"{smaller} × {self.accumulation_steps} accumulated (effective batch {self.config.train.batch_size} "
+                "unchanged, so the optimizer's trajectory is the same)", severity="warning", step=step,
+                evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
+                          "accumulation_steps": self.accumulation_steps})
+        elif can_checkpoint(self.model):
+            self.model.gradient_checkpointing = True
+            self.run_dir.log_event("oom_recovered", f"out of memory at step {step} with micro-batch 1; retrying "
+                                   "with gradient checkpointing (activations recomputed in backward)",
+                                   severity="warning", step=step, evidence={"gradient_checkpointing": True})
+        else:
+            message = out_of_memory_advice(step, old, self.precision)
+            self.run_dir.log_event("oom", message, severity="error", step=step,
+                                   evidence={"micro_batch_size": old, "precision": self.precision})
+            raise TrainingError(message)
+
+    def _set_micro_batch(self, micro_batch_size: int) -> None:
+        self.micro_batch_size = micro_batch_size
+        self.accumulation_steps = self.config.train.batch_size // (micro_batch_size * self.ranks.world_size)
+        self.train_step.accumulation_steps = self.accumulation_steps
+        self.sampler.micro_batch_size = micro_batch_size
+        self.sampler.batches_per_epoch = self.steps_per_epoch * self.accumulation_steps
+        self.eval_batch_size = 2 * micro_batch_size
 
     def _settle(self, micro_batches: list[MicroBatch] | None) -> None:
         """Read what the steps since the last settle point went through (one transfer) and act on it; under
@@ -287,6 +343,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "skipped_steps": self.skipped_steps,
+            "micro_batch_size": self.micro_batch_size,  # an out-of-memory recovery's choice survives resume
         }
         path = self.run_dir.save_checkpoint(self.step, ckpt.checkpoint_writer(state), is_best=is_best,
                                             keep_last=self.config.checkpoint.keep_last)
@@ -305,6 +362,8 @@ class Trainer:
         self.batch_in_epoch = state["data_position"]["batch"]
         self.step = state["step"]
         self.skipped_steps = state["skipped_steps"]
+        if state.get("micro_batch_size", self.micro_batch_size) != self.micro_batch_size:
+            self._set_micro_batch(state["micro_batch_size"])
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
         self.run_dir.drop_metrics_after(self.step)
