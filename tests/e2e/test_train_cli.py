@@ -57,8 +57,11 @@ def test_resume_of_a_completed_run_is_refused(tmp_path, capsys):
     (["digits", "model.factory=no_such_pkg.models:build"], ["model.factory", "cannot import module 'no_such_pkg.models'"]),
     (["digits", "model.factory=build_it"], ["not of the form package.module:function"]),
     (["digits", "model.args.widht=3"], ["model.args", "takes no argument 'widht'", "channels"]),
-    (["digits", "data.factory=tests.e2e.user_data:bad_labels", "model.name=mlp"],
+    (["digits", "data.factory=tests.e2e.user_data:bad_labels", "model.name=mlp", "model.args={}"],
      ["label 7 at sample", "outside the 3 classes"]),
+    (["digits", "data.num_workers=-1"], ["data.num_workers", "-1 workers", "auto"]),
+    (["digits", "data.num_workers=2147483648"], ["data.num_workers", "2 per usable core", "auto"]),
+    (["digits", "data.num_workers=1024"], ["data.num_workers=1024", "cores, so at most", "data.num_workers=auto"]),
 ])
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, args, phrases):
     out = tmp_path / "never"
@@ -93,3 +96,66 @@ def test_recipes_and_help(capsys):
     assert "optim.lr = 0.001: Peak learning rate" in " ".join(train_help.stdout.split())
     helped = run_cli("--help")
     assert helped.returncode == 0 and "train" in helped.stdout and "resume" in helped.stdout
+
+
+def _train_until_first_metrics(out):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainwise", "train", "breast-cancer", "train.max_steps=1000000",
+                             "train.log_every=1", "eval.every_steps=1000", "telemetry.enabled=false", "--out",
+                             str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_run_stopped_by_sigterm_exits_75_so_schedulers_do_not_take_it_for_a_success(tmp_path):
+    import signal
+
+    out = tmp_path / "run"
+    proc = _train_until_first_metrics(out)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, (proc.returncode, stdout, stderr)
+    assert "stopped after" in stdout and f"trainwise resume {out}" in stdout
+    assert json.loads((out / "summary.json").read_text())["status"] == "stopped"
+
+
+def test_a_second_ctrl_c_exits_130_and_says_what_was_kept(tmp_path, capsys, monkeypatch):
+    import trainwise.train.run as train_run_module
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"status": "stopped", "steps": 7, "message":
+                                                  "aborted by a second Ctrl-C during step 8"}))
+
+    def aborted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_run_module, "train_run", aborted)
+    monkeypatch.setattr(train_run_module, "resume_run", aborted)
+    result = invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out), "--overwrite")
+    assert result.returncode == 130 and "aborted by a second Ctrl-C" in result.stdout
+    assert invoke(capsys, "resume", str(out)).returncode == 130
+
+
+def test_train_help_documents_the_exit_codes(capsys):
+    result = invoke(capsys, "train", "--help")
+    assert "75" in result.stdout and "130" in result.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="needs the wording change in RunDir.refuse_existing (run.py, lead)")
+def test_train_into_a_completed_run_suggests_overwrite_or_a_new_out_not_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)).returncode == 0
+    result = invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out))
+    _refused(result, "completed", "--overwrite", "--out")
+    assert "trainwise resume" not in result.stderr  # resume refuses a completed run

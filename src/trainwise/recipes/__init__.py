@@ -6,6 +6,7 @@ from pathlib import Path
 
 from trainwise.config import RunConfig, load_config
 from trainwise.errors import ConfigError
+from trainwise.recipes.schemas import check_builders
 
 RECIPE_DIR = Path(__file__).parent
 
@@ -38,4 +39,8 @@ def resolve_recipe(name_or_path: str) -> Path:
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
-    return load_config(resolve_recipe(name_or_path), overrides)
+    """The recipe with overrides applied, validated, including the built-in model's and data's arguments."""
+    path = resolve_recipe(name_or_path)
+    config = load_config(path, overrides)
+    check_builders(config, source=str(path))
+    return config

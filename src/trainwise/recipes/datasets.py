@@ -44,7 +44,8 @@ def breast_cancer(*, seed: int, val_fraction: float, test_fraction: float,
 
 def stratified_splits(inputs: np.ndarray, targets: np.ndarray, *, seed: int, val_fraction: float,
                       test_fraction: float) -> tuple[ArrayDataset, ArrayDataset | None, ArrayDataset | None]:
-    """Seeded, stratified train/val/test split."""
+    """Seeded, stratified train/val/test split. `seed` is 0..2**32-1 (scikit-learn's range); the validation
+    split uses the next seed, wrapping at the top of that range."""
     rest_x, rest_y = inputs, targets
     test = val = None
     if test_fraction > 0:
@@ -54,7 +55,7 @@ def stratified_splits(inputs: np.ndarray, targets: np.ndarray, *, seed: int, val
     if val_fraction > 0:
         share = val_fraction / (1 - test_fraction)
         rest_x, val_x, rest_y, val_y = train_test_split(rest_x, rest_y, test_size=share,
-                                                        random_state=seed + 1, stratify=rest_y)
+                                                        random_state=(seed + 1) % 2**32, stratify=rest_y)
         val = _dataset(val_x, val_y)
     return _dataset(rest_x, rest_y), val, test
 
@@ -80,4 +81,6 @@ def feature_noise(features: torch.Tensor, std: float = 0.05) -> torch.Tensor:
     return features + std * torch.randn_like(features)
 
 
-BUILTIN_DATA = {"digits": digits, "breast_cancer": breast_cancer}
+from trainwise.recsys.data import shop  # noqa: E402  behaviour sequences for the recommender recipes
+
+BUILTIN_DATA = {"digits": digits, "breast_cancer": breast_cancer, "shop": shop}

@@ -71,4 +71,6 @@ def _outputs(spec: DataSpec) -> int:
     return spec.num_classes if spec.task == "classification" and spec.num_classes else 1
 
 
-BUILTIN_MODELS = {"cnn": cnn, "mlp": mlp}
+from trainwise.recsys.models import din, gru4rec, popularity, sasrec  # noqa: E402  recommenders (data.name=shop)
+
+BUILTIN_MODELS = {"cnn": cnn, "mlp": mlp, "sasrec": sasrec, "gru4rec": gru4rec, "popularity": popularity, "din": din}
