@@ -70,3 +70,24 @@ class RunDirWarning(UserWarning):
     """A run directory holds something a reader skipped (a malformed record, a damaged summary)."""
 
 
+
+
+class ModelCallError(TrainwiseError):
+    """The model's forward or the loss raised on a real batch: a mismatch between the model, the data and
+    the loss (shapes, dtypes, label range) or a bug in the user's module. The message names the model, the
+    batch and the step, then shows the traceback from the model's code: the person needs to see where."""
+
+    @classmethod
+    def during(cls, what: str, model: str, step: int, inputs, error: BaseException) -> "ModelCallError":
+        import traceback
+
+        shape = tuple(getattr(inputs, "shape", ()))
+        dtype = str(getattr(inputs, "dtype", "?")).removeprefix("torch.")
+        first = next(iter(str(error).splitlines()), "")
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename.endswith(("trainwise/train/step.py",)):
+            tb = tb.tb_next  # start at the model's (or loss's) own frames
+        shown = "".join(traceback.format_exception(type(error), error, tb)).rstrip()
+        return cls(f"{what} of {model} raised {type(error).__name__} at step {step} on a micro-batch of inputs "
+                   f"{shape} {dtype}: {first}\nCheck that the model fits the data (input shape, number of "
+                   f"classes, label range); `trainwise explain error.log` reads the traceback.\n{shown}")

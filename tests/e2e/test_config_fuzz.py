@@ -103,13 +103,14 @@ def test_a_users_factory_that_raises_shows_one_header_then_their_traceback(tmp_p
     assert "factories.py" not in err and "cli.py" not in err
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="not a config problem: an exception from the "
-                   "user's model's forward (here a shape mismatch) escapes the trainer as a raw traceback; "
-                   "train/trainer.py should report it like a failing factory. Remove this mark with that fix.")
 def test_a_users_model_that_does_not_fit_the_data_is_reported_as_theirs(tmp_path, capsys):
     result = invoke(capsys, "train", "digits", *FAST, "model.factory=tests.e2e.user_data:tiny_model",
                     "model.args={}", "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "tiny_model" in result.stderr
+    header = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert "the forward of tests.e2e.user_data:tiny_model raised RuntimeError at step 1" in header
+    assert "mat1 and mat2" in header and "Traceback" in result.stderr  # their traceback, to see where
+    assert (tmp_path / "run" / "error.log").is_file()
 
 
 def test_an_unwritable_out_exits_2(tmp_path, capsys):

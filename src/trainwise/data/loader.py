@@ -190,3 +190,14 @@ class PrefetchingLoader:
         if self.pin_memory:  # pinned here, on the loading thread, so the copy to the GPU can be async
             batch = tuple(tensor.pin_memory() for tensor in batch)
         return batch
+
+
+def batch_bytes(dataset: Dataset, micro_batch_size: int) -> int:
+    """Bytes of one micro-batch, from the first sample: what `auto` workers must fit in /dev/shm."""
+    try:
+        sample = dataset[0]
+    except Exception:  # a dataset that cannot be read here says so clearly when the loader reads it
+        return ASSUMED_BATCH_BYTES
+    parts = sample if isinstance(sample, (tuple, list)) else (sample,)
+    sample_bytes = sum(t.nbytes for t in parts if isinstance(t, torch.Tensor))
+    return max(sample_bytes * micro_batch_size, 1)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from trainwise.errors import RunDirError
+
+if TYPE_CHECKING:
+    from trainwise.train.trainer import Trainer
 
 FORMAT_VERSION = 1
 
@@ -66,3 +69,40 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise RunDirError(f"{path} has checkpoint format {state.get('format_version')!r}; this trainwise reads "
                           f"format {FORMAT_VERSION}.")
     return state
+
+
+def training_state(trainer: "Trainer") -> dict[str, Any]:
+    """Everything a Trainer needs to continue exactly where it is (a collective under torchrun: the RNG
+    states of every rank are gathered, so call it on all ranks)."""
+    from trainwise.train.distributed import gather_objects
+
+    return {
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "scaler": trainer.scaler.state_dict(),
+        "early_stopping": trainer.early_stopping.state_dict(),
+        "rng": capture_rng(),
+        "rng_per_rank": gather_objects(capture_rng()) if trainer.ranks.enabled else [],
+        "data_position": {"epoch": trainer.epoch, "batch": trainer.batch_in_epoch},
+        "step": trainer.step,
+        "epoch": trainer.epoch,
+        "skipped_steps": trainer.skipped_steps,
+        "micro_batch_size": trainer.micro_batch_size,  # an out-of-memory recovery's choice survives resume
+    }
+
+
+def restore_training_state(trainer: "Trainer", state: dict[str, Any]) -> None:
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.scaler.load_state_dict(state["scaler"])
+    trainer.early_stopping.load_state_dict(state["early_stopping"])
+    per_rank = state.get("rng_per_rank") or []
+    restore_rng(per_rank[trainer.ranks.rank] if len(per_rank) == trainer.ranks.world_size else state["rng"])
+    trainer.epoch = state["data_position"]["epoch"]
+    trainer.batch_in_epoch = state["data_position"]["batch"]
+    trainer.step = state["step"]
+    trainer.skipped_steps = state["skipped_steps"]
+    if state.get("micro_batch_size", trainer.micro_batch_size) != trainer.micro_batch_size:
+        trainer.set_micro_batch(state["micro_batch_size"])

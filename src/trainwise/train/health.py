@@ -63,3 +63,20 @@ class StepHealth:
         self.values[_MAX_STREAK] = self.values[_STREAK]
         return reading
 
+
+
+def health_problem(reading: HealthReading, *, fp16: bool, step: int, loss_scale: float) -> str | None:
+    """What must stop the run, in the words the person at the terminal needs; None when all is well."""
+    if fp16:  # overflow is expected now and then, never for long
+        if reading.longest_skip_streak >= FP16_MAX_SKIPS_IN_A_ROW:
+            return (f"fp16 loss scaling skipped {reading.longest_skip_streak} updates in a row (up to step {step}), "
+                    f"so the model has stopped learning: the gradients overflow fp16 even at loss scale "
+                    f"{loss_scale:.3g}. Lower optim.lr, keep train.grad_clip_norm on, or use train.precision=bf16 "
+                    "(Ampere or newer) or fp32.")
+        return None
+    if reading.nonfinite_steps:
+        return (f"non-finite loss or gradients at step {reading.first_nonfinite_step} (loss "
+                f"{reading.first_nonfinite_loss:.4g}, grad norm {reading.first_nonfinite_grad_norm:.4g}); "
+                f"{reading.nonfinite_steps} step(s) up to step {step} were skipped on the device, so the weights "
+                "never took them. Lower optim.lr, check the inputs for NaN/Inf, or keep train.grad_clip_norm on.")
+    return None

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
 
 
 @torch.no_grad()
-def first_nonfinite_module(model: nn.Module, run_forward: Callable[[], object]) -> tuple[str, str] | None:
-    """Re-run a forward pass with hooks; the (name, type) of the first module (in execution order) whose
-    output holds NaN or Inf, or None when every module's output is finite."""
+def first_nonfinite_module(model: nn.Module, forward: Callable[[torch.Tensor], object], inputs: torch.Tensor,
+                           context: AbstractContextManager = nullcontext()) -> tuple[str, str] | None:
+    """Re-run `forward(inputs)` (inside `context`, e.g. autocast) with hooks; the (name, type) of the first
+    module (in execution order) whose output holds NaN or Inf, or None when every output is finite."""
     found: list[tuple[str, str]] = []
 
     def hook(name: str):
@@ -26,7 +28,8 @@ def first_nonfinite_module(model: nn.Module, run_forward: Callable[[], object]) 
     # leaves first: hooks fire when a module finishes, so a leaf reports before the block that holds it
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
     try:
-        run_forward()
+        with context:
+            forward(inputs)
     finally:
         for h in handles:
             h.remove()

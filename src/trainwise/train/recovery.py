@@ -8,18 +8,45 @@ this device and the advice is the planner's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import gc
+from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
+from trainwise.errors import TrainingError
 
-@dataclass(frozen=True)
-class OomChange:
-    """The one thing changed after an out-of-memory error, as an event records it."""
+if TYPE_CHECKING:
+    from trainwise.train.trainer import Trainer
 
-    kind: str  # "micro_batch" | "gradient_checkpointing"
-    message: str
-    evidence: dict
+
+def recover_from_oom(trainer: "Trainer") -> None:
+    """Free what the failed step held, then change one thing: a smaller micro-batch, else gradient
+    checkpointing; the Trainer retries the step on the same samples. Raises when nothing is left."""
+    trainer.optimizer.zero_grad(set_to_none=True)  # a partial accumulation must not reach the update
+    gc.collect()
+    if trainer.device.type == "cuda":
+        torch.cuda.empty_cache()
+    step, old, batch_size = trainer.step + 1, trainer.micro_batch_size, trainer.config.train.batch_size
+    smaller = smaller_micro_batch(old, batch_size // trainer.ranks.world_size)
+    if smaller is not None:
+        trainer.set_micro_batch(smaller)
+        trainer.run_dir.log_event(
+            "oom_recovered", f"out of memory at step {step} with micro-batch {old}; retrying with micro-batch "
+            f"{smaller} × {trainer.accumulation_steps} accumulated (effective batch {batch_size} unchanged, so "
+            "the optimizer's trajectory is the same)", severity="warning", step=step,
+            evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
+                      "accumulation_steps": trainer.accumulation_steps})
+    elif can_checkpoint(trainer.model):
+        trainer.model.gradient_checkpointing = True
+        trainer.run_dir.log_event("oom_recovered", f"out of memory at step {step} with micro-batch 1; retrying "
+                                  "with gradient checkpointing (activations recomputed in backward)",
+                                  severity="warning", step=step, evidence={"gradient_checkpointing": True})
+    else:
+        message = out_of_memory_advice(step, old, trainer.precision)
+        trainer.run_dir.log_event("oom", message, severity="error", step=step,
+                                  evidence={"micro_batch_size": old, "precision": trainer.precision})
+        raise TrainingError(message)
 
 
 def smaller_micro_batch(current: int, per_rank_batch: int) -> int | None:

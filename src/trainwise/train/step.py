@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainwise.errors import ModelCallError, TrainwiseError
 from trainwise.train.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,7 +71,7 @@ class TrainStep:
                  forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  no_sync: Callable[[], object] | None = None,
                  to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, model_name: str | None = None):
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.precision, self.device = precision, device
         self.accumulation_steps = accumulation_steps
@@ -83,6 +84,8 @@ class TrainStep:
         self.augment = augment
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.device_skip = supports_device_skip(optimizer)
+        self.model_name = model_name or type(model).__name__  # for messages about the user's model
+        self.steps_done = 0
 
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
         # a named range in torch.profiler traces (and the window the planner's benchmark measures)
@@ -100,9 +103,23 @@ class TrainStep:
         # DDP all-reduces gradients during backward; only the last micro-batch of a step needs it
         with self.no_sync() if self.no_sync is not None and not last else nullcontext():
             with autocast(self.precision, self.device):  # the loss too, as torch.amp recommends
-                loss = self.loss_fn(self.forward(inputs), targets) / self.accumulation_steps
+                outputs = self._call("the forward", self.forward, inputs)
+                loss = self._call("the loss", self.loss_fn, outputs, targets, inputs=inputs)
+                loss = loss / self.accumulation_steps
+                del outputs  # held by the graph as needed; this name must not keep it past backward
             self.scaler.scale(loss).backward()
         return loss.detach()
+
+    def _call(self, what: str, function: Callable, *args, inputs: torch.Tensor | None = None):
+        """Call the model or the loss; what they raise on a real batch is reported as the user's to fix,
+        except running out of memory, which the Trainer may recover from."""
+        try:
+            return function(*args)
+        except (torch.OutOfMemoryError, TrainwiseError):
+            raise
+        except Exception as error:  # a Python try costs nothing until something is raised
+            raise ModelCallError.during(what, self.model_name, self.steps_done + 1,
+                                        args[0] if inputs is None else inputs, error) from error
 
     def update(self, loss: torch.Tensor) -> StepOutcome:
         """Clip, step (or skip on the device when gradients are not finite), advance the learning-rate
@@ -123,6 +140,7 @@ class TrainStep:
             del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
         elif not bool(skipped):  # an optimizer without a fused kernel: the host must decide (a sync)
             self.optimizer.step()
+        self.steps_done += 1
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next forward

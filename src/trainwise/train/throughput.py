@@ -56,7 +56,8 @@ def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch
 
 def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers: list[int | str] | None = None,
                    batch_size: int | None = None, split: str = "train", seconds: float = 2.0,
-                   device: str | None = None, overrides: list[str] | None = None) -> BenchResult:
+                   device: str | None = None, overrides: list[str] | None = None,
+                   model_steps: int = 8) -> BenchResult:
     """`trainwise data bench`: the loader at each worker count against the recipe's model, and the verdict."""
     from trainwise.recipes import load_recipe
 
@@ -64,6 +65,6 @@ def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers:
     config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
     torch_device = resolve_device(device or config.train.device)
     return bench(directory, config, lambda spec, batch: model_rate(config, spec, device=torch_device,
-                                                                   batch_size=batch),
+                                                                   batch_size=batch, steps=model_steps),
                  recipe=recipe, device=torch_device, workers=workers, batch_size=batch_size, split=split,
                  seconds=seconds)

@@ -13,10 +13,8 @@ the "settle points", which are also where ranks agree on stopping.
 """
 from __future__ import annotations
 
-import gc
 import math
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,20 +26,21 @@ from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
-from trainwise.data.loader import build_loader, choose_loader_settings
+from trainwise.diagnose.failure import record_failure
+from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings
 from trainwise.errors import ConfigError, DamagedFileError, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
 from trainwise.train.device import resolve_device
-from trainwise.train.distributed import FollowerRunDir, agree, gather_objects, init_distributed
+from trainwise.train.distributed import FollowerRunDir, agree, init_distributed
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.evaluation import headline_metrics, predict
-from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW, HealthReading, StepHealth
+from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
-from trainwise.train.recovery import can_checkpoint, out_of_memory_advice, smaller_micro_batch
+from trainwise.train.recovery import recover_from_oom
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
@@ -94,7 +93,8 @@ class Trainer:
                                     device=self.device, accumulation_steps=self.accumulation_steps,
                                     grad_clip_norm=train.grad_clip_norm, scaler=self.scaler, scheduler=self.scheduler,
                                     forward=self.forward,
-                                    no_sync=self.ddp.no_sync if self.ddp else None, augment=augment)
+                                    no_sync=self.ddp.no_sync if self.ddp else None, augment=augment,
+                                    model_name=config.model.factory or config.model.name)
         self.health = StepHealth(self.device)
         self._outcome: StepOutcome | None = None
         # inference keeps no activations for backward: twice the training micro-batch fits where it did
@@ -107,7 +107,7 @@ class Trainer:
                                              self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
                                              rank=self.ranks.rank, world_size=self.ranks.world_size)
         settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory,
-                                          batch_bytes=_batch_bytes(train_data, self.micro_batch_size))
+                                          batch_bytes=batch_bytes(train_data, self.micro_batch_size))
         # worker processes reseed their RNGs per batch from (seed, epoch, position): random transforms
         # in a Dataset resume exactly; in-process loading shares the checkpointed global RNG instead
         fetched = seeded_by_position(train_data) if settings.num_workers > 0 else train_data
@@ -144,7 +144,7 @@ class Trainer:
             self.callbacks.on_fit_end(self, summary)
             raise
         except BaseException as error:
-            summary = self._write_summary("failed", started, message=self._record_failure(error))
+            summary = self._write_summary("failed", started, message=record_failure(self.run_dir, error, self.step))
             self.callbacks.on_fit_end(self, summary)
             raise
         return self._finish(started)
@@ -182,7 +182,7 @@ class Trainer:
                 out_of_memory = False
             if out_of_memory:  # outside the except clause: the failed step's frames are gone
                 del micro_batches
-                self._recover_from_oom()
+                recover_from_oom(self)
                 batches = self._batches(timer)  # the same position, cut into the new micro-batches
                 continue
             self.step += 1
@@ -217,36 +217,8 @@ class Trainer:
         # the failed rank can no longer reach, so a distributed run stops (and the others time out)
         return self.config.train.oom_policy == "recover" and not self.ranks.enabled
 
-    def _recover_from_oom(self) -> None:
-        """Free what the failed step held, then change one thing: a smaller micro-batch, else gradient
-        checkpointing; the step is retried on the same samples. Raises when nothing is left to change."""
-        self.optimizer.zero_grad(set_to_none=True)  # a partial accumulation must not reach the update
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        step, old = self.step + 1, self.micro_batch_size
-        per_rank = self.config.train.batch_size // self.ranks.world_size
-        smaller = smaller_micro_batch(old, per_rank)
-        if smaller is not None:
-            self._set_micro_batch(smaller)
-            self.run_dir.log_event(
-                "oom_recovered", f"out of memory at step {step} with micro-batch {old}; retrying with micro-batch "
-                f"{smaller} × {self.accumulation_steps} accumulated (effective batch {self.config.train.batch_size} "
-                "unchanged, so the optimizer's trajectory is the same)", severity="warning", step=step,
-                evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
-                          "accumulation_steps": self.accumulation_steps})
-        elif can_checkpoint(self.model):
-            self.model.gradient_checkpointing = True
-            self.run_dir.log_event("oom_recovered", f"out of memory at step {step} with micro-batch 1; retrying "
-                                   "with gradient checkpointing (activations recomputed in backward)",
-                                   severity="warning", step=step, evidence={"gradient_checkpointing": True})
-        else:
-            message = out_of_memory_advice(step, old, self.precision)
-            self.run_dir.log_event("oom", message, severity="error", step=step,
-                                   evidence={"micro_batch_size": old, "precision": self.precision})
-            raise TrainingError(message)
-
-    def _set_micro_batch(self, micro_batch_size: int) -> None:
+    def set_micro_batch(self, micro_batch_size: int) -> None:
+        """Cut each step into micro-batches of this size from now on (the effective batch stays)."""
         self.micro_batch_size = micro_batch_size
         self.accumulation_steps = self.config.train.batch_size // (micro_batch_size * self.ranks.world_size)
         self.train_step.accumulation_steps = self.accumulation_steps
@@ -260,7 +232,8 @@ class Trainer:
         self._settled_step = self.step
         reading = self.health.read()
         self.skipped_steps = reading.skipped_steps
-        problem = self._health_problem(reading)
+        problem = health_problem(reading, fp16=self.scaler.is_enabled(), step=self.step,
+                                 loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else 1.0)
         signal = self._stop.requested if self._stop else None
         if self.ranks.enabled:
             peer_problem, peer_signal = agree([problem is not None, signal is not None], self.device)
@@ -270,22 +243,6 @@ class Trainer:
         if problem is not None:
             self._fail_unhealthy(problem, reading, micro_batches)
         self._take_signal(signal)
-
-    def _health_problem(self, reading: HealthReading) -> str | None:
-        if self.scaler.is_enabled():  # fp16: overflow is expected now and then, never for long
-            if reading.longest_skip_streak >= FP16_MAX_SKIPS_IN_A_ROW:
-                return (f"fp16 loss scaling skipped {reading.longest_skip_streak} updates in a row (up to step "
-                        f"{self.step}), so the model has stopped learning: the gradients overflow fp16 even at "
-                        f"loss scale {self.scaler.get_scale():.3g}. Lower optim.lr, keep train.grad_clip_norm "
-                        "on, or use train.precision=bf16 (Ampere or newer) or fp32.")
-            return None
-        if reading.nonfinite_steps:
-            return (f"non-finite loss or gradients at step {reading.first_nonfinite_step} (loss "
-                    f"{reading.first_nonfinite_loss:.4g}, grad norm {reading.first_nonfinite_grad_norm:.4g}); "
-                    f"{reading.nonfinite_steps} step(s) up to step {self.step} were skipped on the device, so "
-                    "the weights never took them. Lower optim.lr, check the inputs for NaN/Inf, or keep "
-                    "train.grad_clip_norm on.")
-        return None
 
     def _take_signal(self, signal: str | None) -> None:
         if signal is None or self._stop_reason is not None:
@@ -331,39 +288,14 @@ class Trainer:
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
         self._last_checkpoint_step = self.step
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "early_stopping": self.early_stopping.state_dict(),
-            "rng": ckpt.capture_rng(),
-            "rng_per_rank": gather_objects(ckpt.capture_rng()) if self.ranks.enabled else [],
-            "data_position": {"epoch": self.epoch, "batch": self.batch_in_epoch},
-            "step": self.step,
-            "epoch": self.epoch,
-            "skipped_steps": self.skipped_steps,
-            "micro_batch_size": self.micro_batch_size,  # an out-of-memory recovery's choice survives resume
-        }
+        state = ckpt.training_state(self)
         path = self.run_dir.save_checkpoint(self.step, ckpt.checkpoint_writer(state), is_best=is_best,
                                             keep_last=self.config.checkpoint.keep_last)
         self.callbacks.on_checkpoint(self, path)
 
     def _load(self, path: Path) -> None:
-        state = ckpt.read_checkpoint(path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.early_stopping.load_state_dict(state["early_stopping"])
-        per_rank = state.get("rng_per_rank") or []
-        ckpt.restore_rng(per_rank[self.ranks.rank] if len(per_rank) == self.ranks.world_size else state["rng"])
-        self.epoch = state["data_position"]["epoch"]
-        self.batch_in_epoch = state["data_position"]["batch"]
-        self.step = state["step"]
-        self.skipped_steps = state["skipped_steps"]
-        if state.get("micro_batch_size", self.micro_batch_size) != self.micro_batch_size:
-            self._set_micro_batch(state["micro_batch_size"])
+        ckpt.restore_training_state(self, ckpt.read_checkpoint(path))
+        self.train_step.steps_done = self.step
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
         self.run_dir.drop_metrics_after(self.step)
@@ -382,9 +314,8 @@ class Trainer:
                         micro_batches: list[MicroBatch] | None) -> None:
         culprit = None
         if micro_batches:  # replay this step's last micro-batch forward to find where NaN/Inf first shows
-            inputs = micro_batches[-1][0].to(self.device)
-            with autocast(self.precision, self.device):
-                culprit = first_nonfinite_module(self.model, lambda: self.forward(inputs))
+            culprit = first_nonfinite_module(self.model, self.forward, micro_batches[-1][0].to(self.device),
+                                             autocast(self.precision, self.device))
         if culprit:
             problem += f" First non-finite output on this step's last micro-batch: {culprit[0]} ({culprit[1]})."
         self.run_dir.log_event("nonfinite", problem, severity="error",
@@ -396,20 +327,6 @@ class Trainer:
                                          "longest_skip_streak": reading.longest_skip_streak,
                                          "lr": self.scheduler.get_last_lr()[0]})
         raise TrainingError(problem)
-
-    def _record_failure(self, error: BaseException) -> str:
-        """The traceback to RUN/error.log; its diagnosis (trainwise explain's rules) to events.jsonl."""
-        from trainwise.diagnose.explain import explain
-
-        text = "".join(traceback.format_exception(error))
-        self.run_dir.write_error_log(text)
-        finding = explain(text)
-        cause = f"{type(error).__name__}: {error}"
-        if finding.code != "unknown":
-            self.run_dir.log_event("failed", f"{finding.title}: {finding.detail}", severity="error",
-                                   step=self.step, evidence=finding.to_dict())
-            cause += f" [{finding.code}: {finding.title}; fixes: {'; '.join(finding.fixes[:2])}]"
-        return cause
 
     def _finish(self, started: float) -> dict[str, Any]:
         if self._stop_reason is None or self._stop_reason == "early_stop":
@@ -465,17 +382,6 @@ class Trainer:
         }
         self.run_dir.write_summary(summary)
         return summary
-
-
-def _batch_bytes(dataset: Dataset, micro_batch_size: int) -> int:
-    """Bytes of one micro-batch, from the first sample: what `auto` workers must fit in /dev/shm."""
-    try:
-        sample = dataset[0]
-    except Exception:  # a dataset that cannot be read here will say so clearly when the loader reads it
-        return 16 * 2**20
-    parts = sample if isinstance(sample, (tuple, list)) else (sample,)
-    sample_bytes = sum(t.nbytes for t in parts if isinstance(t, torch.Tensor))
-    return max(sample_bytes * micro_batch_size, 1)
 
 
 def _default_callbacks(config: RunConfig) -> list[Callback]:
