@@ -9,7 +9,7 @@ directory alone, on another machine, after the fact.
       metrics.jsonl       {"step", "epoch", "split", "time", <metric>: value, ...} per line
       events.jsonl        {"step", "time", "kind", "severity", "message", "evidence"} per line
       system.jsonl        telemetry samples
-      checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt
+      checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt; sharded (fsdp): step-<N>/, last, best symlinks
       model.safetensors   final weights (the best ones when early stopping restored them)
       summary.json        status, steps, best and final metrics, timings
       eval/               metrics.json, confusion_matrix.csv, predictions.csv
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trainwise import run_lock, run_records
 from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
+from trainwise.run_checkpoint_dirs import CheckpointDirs
 from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, free_space_warning,
                                      load_weights_file, newest_intact)
 from trainwise.run_lock import Holder
@@ -364,6 +365,11 @@ class RunDir:
         return free_space_warning(self.path, existing, checkpoint_bytes, keep_last)
 
     @property
+    def checkpoint_dirs(self) -> CheckpointDirs:
+        """Sharded checkpoints (train.strategy=fsdp): `step-<N>/` directories, `last`/`best` symlinks."""
+        return CheckpointDirs(self.checkpoints_dir, _CHECKPOINT_PREFIX, "trainer.pt", writer=self.acquire_writer)
+
+    @property
     def _ledger(self) -> Ledger:
         return Ledger(self.checksums_path, self.path)
 
@@ -376,7 +382,14 @@ class RunDir:
         from safetensors.torch import save
 
         self.acquire_writer()
-        tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+        tensors, seen = {}, set()
+        for name, tensor in state_dict.items():
+            tensor = tensor.detach().contiguous().cpu()
+            # tied weights (an embedding that is also the output layer) share storage, which safetensors
+            # refuses; each name gets its own copy so the file loads with a plain load_state_dict
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            tensors[name] = tensor.clone() if key in seen else tensor
+            seen.add(key)
         data = save(tensors, metadata=metadata)
         written = atomic_write_digest(self.model_path, lambda f: f.write(data), what="the final weights",
                                       expected_bytes=len(data), advice=self._disk_advice())

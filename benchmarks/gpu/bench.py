@@ -1,0 +1,154 @@
+"""GPU benchmark of the product: what trainwise's own Trainer reaches on a real card.
+
+    benchmarks/gpu/run.sh            # on the GPU server (under 8 minutes on one H200)
+    benchmarks/gpu/run.sh --dry-run  # tiny sizes on the CPU: proves the script runs (CI does this)
+
+1. Smoke: `trainwise train digits` under torchrun with one rank, strategy ddp and fsdp.
+2. ResNet-50 on synthetic ImageNet-size images (3×224×224), bf16 autocast + channels_last, through
+   Trainer.fit(): images/s from the Trainer's own log lines. NVIDIA publishes about 2,500 img/s on an
+   A100 with AMP; the H200 target is ≥ 3,500.
+3. GPT-2 small (124M) with torch.compile and bf16 through Trainer.fit(): tokens/s and model FLOPs
+   utilisation against the card's dense bf16 peak (H200: 989 TFLOP/s); target ≥ 50% MFU.
+Beside each: the data-wait share the Trainer measured and the telemetry it recorded (GPU utilisation,
+temperature). Results go to benchmarks/results/gpu.json (gpu_dry_run.json for a dry run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from common import machine, write_result  # noqa: E402
+from models import GPT, ResNet50, next_token_loss  # noqa: E402
+
+from trainwise import ArrayDataset, DataSpec, RunDir, Trainer, config_from_dict  # noqa: E402
+
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "RTX 4090": 165e12}
+TARGETS = {"resnet50_images_per_s": 3500, "gpt2_mfu": 0.50}
+
+
+def precision(dry: bool) -> str:
+    return "fp32" if dry else "bf16"  # CPU bf16 convolutions are slow on CPUs without native bf16
+
+
+def train_config(steps: int, batch: int, precision: str, compile_model: bool, device: str) -> dict:
+    return {"optim": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01}, "schedule": {"warmup_steps": 2},
+            "model": {"compile": compile_model},
+            "train": {"max_steps": steps, "batch_size": batch, "precision": precision, "device": device,
+                      "log_every": max(1, steps // 6), "grad_clip_norm": 1.0},
+            "eval": {"every_epoch": False}, "checkpoint": {"every_steps": None},
+            "telemetry": {"enabled": True, "interval_s": 1.0}}
+
+
+def fit(model, dataset, spec, raw_config, out: Path, **kwargs) -> dict:
+    config = config_from_dict(raw_config, source="gpu benchmark")
+    run = RunDir.create(out)
+    started = time.perf_counter()
+    summary = Trainer(model, dataset, config=config, run_dir=run, data_spec=spec, **kwargs).fit()
+    records = run.read_metrics("train")[1:] or run.read_metrics("train")  # the first interval compiles/warms
+    samples = [r["samples_per_s"] for r in records]
+    system = run.read_system()
+    gpus = [gpu for sample in system for gpu in sample.get("gpus") or []]
+    utilisation = [g["utilization_pct"] for g in gpus if g.get("utilization_pct") is not None]
+    temperature = [g["temperature_c"] for g in gpus if g.get("temperature_c") is not None]
+    return {"status": summary["status"], "wall_s": round(time.perf_counter() - started, 1),
+            "samples_per_s": statistics.median(samples),
+            "data_wait_fraction": statistics.median(r["data_wait_fraction"] for r in records),
+            "telemetry": {"samples": len(system), "gpu_util_pct_mean": statistics.fmean(utilisation) if utilisation
+                          else None, "gpu_temp_c_max": max(temperature) if temperature else None}}
+
+
+def resnet50(tmp: Path, dry: bool, device: str) -> dict:
+    size, batch, steps, base = (32, 4, 3, 4) if dry else (224, 256, 60, 64)
+    n = batch * 4
+    images = torch.randn(n, 3, size, size)
+    labels = torch.randint(0, 1000, (n,))
+    model = ResNet50(base=base).to(memory_format=torch.channels_last)
+    result = fit(model, ArrayDataset(images, labels), DataSpec(input_shape=(3, size, size), num_classes=1000),
+                 train_config(steps, batch, precision(dry), False, device), tmp / "resnet50",
+                 augment=lambda x: x.contiguous(memory_format=torch.channels_last))
+    result["images_per_s"] = result.pop("samples_per_s")
+    result["setup"] = {"image_size": size, "batch_size": batch, "steps": steps, "precision": precision(dry),
+                       "memory_format": "channels_last"}
+    return result
+
+
+def gpt2(tmp: Path, dry: bool, device: str, peak: float | None) -> dict:
+    shape = dict(vocabulary=512, context=64, width=64, layers=2, heads=4) if dry else {}
+    batch, steps = (4, 3) if dry else (16, 40)
+    model = GPT(**shape)
+    context, vocabulary = model.config["context"], model.config["vocabulary"]
+    tokens = torch.randint(0, vocabulary, (batch * 4, context + 1))
+    data = ArrayDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    result = fit(model, data, DataSpec(input_shape=(context,), num_classes=vocabulary, input_dtype=torch.long),
+                 train_config(steps, batch, precision(dry), not dry, device), tmp / "gpt2", loss_fn=next_token_loss)
+    tokens_per_s = result.pop("samples_per_s") * context
+    result["tokens_per_s"] = tokens_per_s
+    result["model_flops_per_token"] = model.flops_per_token()
+    result["mfu"] = model.flops_per_token() * tokens_per_s / peak if peak else None
+    result["setup"] = {**model.config, "batch_size": batch, "steps": steps, "precision": precision(dry),
+                       "compile": not dry, "parameters": sum(p.numel() for p in model.parameters())}
+    return result
+
+
+def smoke(tmp: Path, dry: bool) -> dict:
+    """One rank under torchrun per strategy: the launch path users take, end to end."""
+    results = {}
+    for strategy in ("ddp", "fsdp"):
+        out = tmp / f"smoke-{strategy}"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                   "-m", "trainwise", "train", "digits", "--out", str(out), "train.max_steps=20",
+                   f"train.strategy={strategy}", "telemetry.enabled=false"] + (["train.device=cpu"] if dry else [])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        results[strategy] = {"exit_code": done.returncode,
+                             "tail": done.stderr.strip().splitlines()[-3:] if done.returncode else []}
+    return results
+
+
+def card() -> tuple[str, float | None]:
+    if not torch.cuda.is_available():
+        return "cpu", None
+    name = torch.cuda.get_device_name(0)
+    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return name, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: the script runs")
+    parser.add_argument("--output", type=Path, help="write the JSON here instead of benchmarks/results/")
+    args = parser.parse_args()
+    name, peak = card()
+    if not args.dry_run and name == "cpu":
+        sys.exit("no CUDA device: run on the GPU server, or use --dry-run to check the script on the CPU")
+    device = "cpu" if args.dry_run else "cuda"
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        result = {"card": name, "peak_bf16_flops": peak, "dry_run": args.dry_run, "smoke": smoke(tmp, args.dry_run),
+                  "resnet50": resnet50(tmp, args.dry_run, device), "gpt2": gpt2(tmp, args.dry_run, device, peak)}
+    measured = {"resnet50_images_per_s": result["resnet50"]["images_per_s"], "gpt2_mfu": result["gpt2"]["mfu"]}
+    result["targets"] = TARGETS
+    result["meets_targets"] = None if args.dry_run else all(
+        measured[key] is not None and measured[key] >= target for key, target in TARGETS.items())
+    for key, value in measured.items():
+        print(f"{key}: {value}")
+    if args.output:
+        args.output.write_text(json.dumps({"benchmark": "gpu", "machine": machine(), **result}, indent=2) + "\n")
+    else:
+        write_result("gpu_dry_run" if args.dry_run else "gpu", result)
+
+
+if __name__ == "__main__":
+    main()
