@@ -158,6 +158,26 @@ def test_cuda_fixed_costs_depend_on_the_card_generation_and_on_convolutions():
     assert plan_card(est, ampere, Options()).needed_bytes == int(est.peak(64) + cuda_fixed_bytes(ampere, False))
 
 
+def test_cublas_workspace_follows_the_torch_source_per_card_generation():
+    from trainwise.plan.advise import ALLOCATOR_SLACK_BYTES, cuda_allocator_fixed_bytes
+
+    # CublasHandlePool.cpp: ":4096:2:16:8" before Hopper; 32 MiB on 9.x, 10.x and 12.x; cuBLASLt shares it
+    for capability, workspace in (("7.5", 8.125), ("8.9", 8.125), ("9.0", 32), ("10.0", 32), ("12.0", 32)):
+        gpu = card("X", 80, 100, capability=capability)
+        assert cuda_allocator_fixed_bytes(gpu, False) == workspace * 2**20 + ALLOCATOR_SLACK_BYTES
+
+
+def test_the_cuda_context_is_reported_apart_from_what_the_allocator_holds():
+    est = estimates()
+    row = plan_card(est, BIG, Options())
+    assert row.cuda_context_bytes == CUDA_CONTEXT_BYTES
+    assert row.needed_bytes == row.allocator_bytes + row.cuda_context_bytes
+    # the allocator's side: the traced peak at the chosen micro-batch plus workspaces and segment slack
+    assert row.allocator_bytes - est.peak(row.micro_batch_size) == pytest.approx(
+        cuda_fixed_bytes(BIG, False) - CUDA_CONTEXT_BYTES, abs=1)
+    assert "cuda_context_bytes" in row.to_dict() and "allocator_bytes" in row.to_dict()
+
+
 def test_probe_calibration_scales_gpu_times():
     est = estimates()
     plain, calibrated = plan_card(est, BIG, Options()), plan_card(est, BIG, Options(calibration=1.5))

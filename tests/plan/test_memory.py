@@ -1,5 +1,12 @@
 """The traced peak of a training step: exact where memory is known by hand, and equal to what the CPU
 allocator really reaches (measured with torch.profiler's allocation events)."""
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import psutil
 import pytest
 import torch
@@ -50,13 +57,34 @@ def test_sgd_without_momentum_keeps_no_state_and_adam_costs_two_copies_more():
     assert adam.peak_bytes - sgd.peak_bytes >= 2 * parameter_bytes(widths)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_estimate_equals_the_cpu_allocators_real_peak(precision):
+def traced_and_measured(precision: str) -> tuple[int, int]:
+    """A Linear stack at batch 256 with clipping and accumulation: bf16 products run in oneDNN, whose
+    scratchpads (packed copies of the operands, per-thread accumulators) differ from one CPU to another."""
     s = step(lambda: linear_stack((30, 256, 256, 2)), shape=(30,), classes=2, batch=256, precision=precision,
              grad_clip_norm=1.0, accumulation_steps=2)
-    trace = trace_step(s)
-    measured = measured_peak_bytes(s, torch.device("cpu"))
-    assert trace.peak_bytes == pytest.approx(measured, rel=0.01)
+    return trace_step(s).peak_bytes, measured_peak_bytes(s, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_estimate_equals_the_cpu_allocators_real_peak(precision):
+    traced, measured = traced_and_measured(precision)
+    assert traced == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN ISA caps are x86")
+def test_estimate_equals_the_real_peak_on_a_cpu_without_native_bf16():
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root), os.environ.get("PYTHONPATH", "")])}
+    code = ("import json, torch; from tests.plan.test_memory import traced_and_measured; "
+            "print(json.dumps([torch.ops.mkldnn._is_mkldnn_bf16_supported(), *traced_and_measured('bf16')]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    native, traced, measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert native is False
+    assert traced == pytest.approx(measured, rel=0.01)
 
 
 @pytest.mark.slow
@@ -119,6 +147,117 @@ def test_im2col_workspace_of_cpu_low_precision_convolutions():
         fp32 = (x.float(), w.float(), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
         assert cpu_im2col_workspace(conv, fp32, out.float()) == 0
         assert cpu_im2col_workspace(torch.ops.aten.mm.default, (x, w), out) == 0
+
+
+def _fake(*specs):
+    """Fake tensors from (shape, dtype) pairs, and the fake mode they live in."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        return mode, [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+
+
+aten = torch.ops.aten
+BF16, FP32 = torch.bfloat16, torch.float32
+ATEN_CASES = {
+    "bf16 mean (an fp32 copy of the input)": (aten.mean.dim, [((32, 16, 8, 8), BF16)], ([-1, -2],)),
+    "bf16 + fp32 (the bf16 input promoted)": (aten.add.Tensor, [((64, 256), BF16), ((64, 256), FP32)], ()),
+    "bf16 += fp32 (promoted, into a temporary)": (aten.add_.Tensor, [((64, 256), BF16), ((64, 256), FP32)], ()),
+    "bf16 * broadcast fp32": (aten.mul.Tensor, [((64, 256), BF16), ((256,), FP32)], ()),
+    "where(mask, fp32, bf16)": (aten.where.self, [((64, 256), torch.bool), ((64, 256), FP32), ((64, 256), BF16)],
+                                ()),
+    "safe softmax (mask of -inf rows)": (aten._safe_softmax.default, [((8, 4, 16, 16), FP32)], (-1,)),
+    "batch norm backward (grad_input twice)": (
+        aten.native_batch_norm_backward.default,
+        [((16, 8, 8, 8), FP32), ((16, 8, 8, 8), FP32), ((8,), FP32), ((8,), FP32), ((8,), FP32), ((8,), FP32),
+         ((8,), FP32)], (True, 1e-5, [True, True, True])),
+    "group norm backward, bf16 input (ds, db; dtype)": (
+        aten.native_group_norm_backward.default,
+        [((16, 8, 8, 8), BF16), ((16, 8, 8, 8), BF16), ((16, 4), FP32), ((16, 4), FP32), ((8,), FP32)],
+        (16, 8, 64, 4, [True, True, True])),
+}
+
+
+@pytest.mark.parametrize("case", list(ATEN_CASES))
+def test_aten_rules_equal_what_the_real_kernel_allocates(case):
+    from trainwise.plan.workspaces import CpuKernels, KernelProbe
+
+    func, specs, rest = ATEN_CASES[case]
+    mode, tensors = _fake(*specs)
+    args = (*tensors, *rest)
+    with mode:
+        out = func(*args)
+        out, memory = CpuKernels(KernelProbe())(func, args, {}, out)
+    real = KernelProbe()(func, args, {}, out)  # the CPU kernel itself, run on zeros of these shapes
+    assert memory is not None and memory.workspace == real.workspace > 0
+    # the outputs (their dtypes, for group norm's grad_input) are what the CPU kernel returns
+    assert all(size is None for size in real.output_bytes)
+
+
+def test_probing_a_large_op_extrapolates_from_smaller_batches():
+    from trainwise.plan.workspaces import KernelProbe
+
+    mode, (x, w) = _fake(((64, 16, 32, 32), FP32), ((32, 16, 3, 3), FP32))
+    with mode:
+        grad = torch.empty(64, 32, 32, 32)
+    args = (grad, x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    with mode:
+        out = aten.convolution_backward.default(*args)
+    whole = KernelProbe(limit_bytes=2**40)(aten.convolution_backward.default, args, {}, out)
+    scaled = KernelProbe(limit_bytes=2**20)(aten.convolution_backward.default, args, {}, out)
+    assert whole.workspace > 0
+    assert scaled.workspace == pytest.approx(whole.workspace, rel=0.02)
+
+
+def test_the_lstm_workspace_saved_for_backward_is_counted_at_its_real_size():
+    """aten/src/ATen/native/mkldnn/RNN.cpp returns oneDNN's training workspace as a tensor that autograd
+    keeps until backward; the fake kernel returns it empty."""
+    from trainwise.plan.workspaces import CpuKernels, KernelProbe
+
+    mode, (x, w_ih, w_hh, b_ih, b_hh, h, c) = _fake(((10, 32, 8), FP32), ((128, 8), FP32), ((128, 32), FP32),
+                                                  ((128,), FP32), ((128,), FP32), ((32, 32), FP32),
+                                                  ((32, 32), FP32))
+    args = (x, w_ih, w_hh, b_ih, b_hh, h, c, False, [], 2, 32, 1, True, False, False, True)
+    with mode:
+        out = aten.mkldnn_rnn_layer.default(*args)
+        _, memory = CpuKernels(KernelProbe())(aten.mkldnn_rnn_layer.default, args, {}, out)
+    assert out[3].untyped_storage().nbytes() == 0
+    # oneDNN's workspace holds the gates and states of every step: several times the output
+    assert memory.output_bytes[3] > 4 * 10 * 32 * 32 * 4
+    scaled = KernelProbe(limit_bytes=2**16)(aten.mkldnn_rnn_layer.default, args, {}, out)  # at 11 and 22
+    assert scaled.output_bytes[3] == pytest.approx(memory.output_bytes[3], rel=0.05)
+
+
+def test_an_embedding_bag_is_probed_without_its_table():
+    """Its buffers follow the indices: a table larger than the probe's limit is probed with one row."""
+    from trainwise.plan.workspaces import KernelProbe
+
+    mode, (weight, indices, offsets) = _fake(((5000, 16), FP32), ((768,), torch.long), ((64,), torch.long))
+    args = (weight, indices, offsets, False, 1)  # mean
+    with mode:
+        out = aten._embedding_bag.default(*args)
+    whole = KernelProbe(limit_bytes=2**40)(aten._embedding_bag.default, args, {}, out)
+    small = KernelProbe(limit_bytes=2**16)(aten._embedding_bag.default, args, {}, out)  # table: 320 kB
+    assert small.workspace == whole.workspace > 0
+    assert all(size is None for size in small.output_bytes)
+
+
+def test_under_a_running_profiler_the_probe_stands_aside_for_a_bound():
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainwise.plan.workspaces import CpuKernels, KernelProbe
+
+    mode, (x, w) = _fake(((8, 16, 16, 16), FP32), ((32, 16, 3, 3), FP32))
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    with mode:
+        out = aten.convolution.default(*args)
+    probe = KernelProbe()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):  # a second one would end this one
+        assert probe(aten.convolution.default, args, {}, out) is None
+        _, bound = CpuKernels(probe)(aten.convolution.default, args, {}, out)
+    measured = probe(aten.convolution.default, args, {}, out)
+    assert 0 < measured.workspace <= bound.workspace
 
 
 def test_token_inputs_for_an_embedding_model():

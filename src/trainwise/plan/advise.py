@@ -6,7 +6,7 @@ Every constant below says where it comes from; `--probe` replaces the utilisatio
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from trainwise.plan.catalog import Gpu, Offer, PriceList, offer_costs
 from trainwise.plan.timing import (CPU_BANDWIDTH_BYTES_S_PER_CORE, CPU_OP_OVERHEAD_S, CPU_UTILISATION,
@@ -15,20 +15,25 @@ from trainwise.plan.timing import (CPU_BANDWIDTH_BYTES_S_PER_CORE, CPU_OP_OVERHE
 GiB = 2**30
 
 # ---- per-device fixed costs (CUDA) ------------------------------------------------------------------------
-# The CUDA context (driver state, kernels of torch/cuBLAS/cuDNN loaded lazily, CUDA_MODULE_LOADING=LAZY,
-# the default since CUDA 11.7): ~300-600 MiB depending on card and versions, outside the caching allocator
-# (nvidia-smi shows it, torch.cuda.memory_allocated does not). PyTorch docs, "CUDA semantics: memory
-# management"; 500 MiB is what torch 2.x shows on A100/H100 before the first tensor.
+# The CUDA context (driver state, lazily loaded kernels of torch/cuBLAS/cuDNN): ~300-600 MiB by card and
+# versions, outside the caching allocator (nvidia-smi shows it, torch.cuda.memory_allocated does not), so a
+# plan reports it apart (CardPlan.cuda_context_bytes). 500 MiB: torch 2.x on A100/H100 before the first tensor.
 CUDA_CONTEXT_BYTES = 500 * 2**20
-# cuBLAS workspace per stream, allocated through the caching allocator: CUBLAS_WORKSPACE_CONFIG default
-# ":4096:2:16:8" = 8.125 MiB before Hopper; 32 MiB on compute capability ≥ 9.0 (aten/src/ATen/cuda/
-# CublasHandlePool.cpp, getChosenWorkspaceSize), plus the same again for cuBLASLt.
-CUBLAS_WORKSPACE_BYTES = {"pre_hopper": int(8.125 * 2**20) * 2, "hopper": 32 * 2**20 * 2}
-# cuDNN convolution workspace: the algorithm search caps it by free memory; 256 MiB covers the usual
-# choices for the models we plan (torch.backends.cudnn; measured peaks of torchvision ResNets).
+# cuBLAS workspace, one per (device, stream), taken from the caching allocator at the first matmul and kept:
+# aten/src/ATen/cuda/CublasHandlePool.cpp (parseChosenWorkspaceSize): ":4096:2:16:8" = 8.125 MiB, 32 MiB on
+# compute capability 9.x, 10.x, 12.x (Hopper, Blackwell); cuBLASLt shares it (unified_cublas_and_lt_workspaces,
+# on by default). Forward and backward run on one stream: one workspace.
+CUBLAS_WORKSPACE_BYTES = {"pre_hopper": 4096 * 1024 * 2 + 16 * 1024 * 8, "hopper": 4096 * 8 * 1024}
+CUBLAS_32MIB_MAJORS = (9, 10, 12)
+# cuDNN's convolution workspace: from the caching allocator for each call, freed after it (a transient the
+# trace cannot see); 256 MiB bounds the usual algorithm choices (measured peaks of torchvision ResNets).
 CUDNN_WORKSPACE_BYTES = 256 * 2**20
-# What the caching allocator reserves beyond what is allocated (block rounding to 2 MiB segments,
-# fragmentation): kept free as a share of the card. Also the margin for everything else we do not trace.
+# c10/cuda/CUDACachingAllocator.cpp: blocks are multiples of 512 B (the trace rounds each storage so); blocks
+# up to 1 MiB are cut from 2 MiB segments, up to 10 MiB from 20 MiB ones, larger get their own (2 MiB
+# multiples). At the peak each pool's last segment is partly unused: that slack is counted; the other
+# segments' fragmentation is in the safety margin, kept free as a share of the card (and the margin for all
+# else we do not trace).
+ALLOCATOR_SLACK_BYTES = 2 * 2**20 + 20 * 2**20
 SAFETY_MARGIN = 0.10
 # Host side: the Python process with torch and CUDA libraries loaded (RSS of `import torch` + CUDA init).
 PROCESS_RAM_BYTES = int(1.5 * GiB)
@@ -151,6 +156,9 @@ class CardPlan:
     break_even_hours_per_month: float | None = None
     measured: bool = False
     note: str = ""
+    # a CUDA card's need, split: its caching allocator at the peak (step, workspaces, slack), and the context
+    allocator_bytes: int = 0
+    cuda_context_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -179,11 +187,16 @@ class Advice:
 
 # ---- memory ----------------------------------------------------------------------------------------------------
 
+def cuda_allocator_fixed_bytes(gpu: Gpu, has_convolutions: bool) -> int:
+    """What the caching allocator holds beyond the traced step: cuBLAS's and cuDNN's workspaces, slack."""
+    major = int(str(gpu.compute_capability).split(".")[0])
+    cublas = CUBLAS_WORKSPACE_BYTES["hopper" if major in CUBLAS_32MIB_MAJORS else "pre_hopper"]
+    return cublas + (CUDNN_WORKSPACE_BYTES if has_convolutions else 0) + ALLOCATOR_SLACK_BYTES
+
+
 def cuda_fixed_bytes(gpu: Gpu, has_convolutions: bool) -> int:
-    """What a CUDA card spends before the first activation: context, library workspaces."""
-    hopper = float(gpu.compute_capability) >= 9.0
-    workspace = CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "pre_hopper"]
-    return CUDA_CONTEXT_BYTES + workspace + (CUDNN_WORKSPACE_BYTES if has_convolutions else 0)
+    """What a CUDA card spends before the first activation: the context, and the allocator's fixed part."""
+    return CUDA_CONTEXT_BYTES + cuda_allocator_fixed_bytes(gpu, has_convolutions)
 
 
 def usable_bytes(memory_bytes: int, fixed_bytes: int, margin: float) -> float:
@@ -219,11 +232,12 @@ def plan_card(est: Estimates, gpu: Gpu, options: Options, cards: int = 1, strate
     elif strategy == "ddp":
         saving = -(est.sharded_state_bytes / 4)  # DDP's gradient buckets: one more copy of the gradients
     per_card_batch = max(est.batch_size // cards, 1)
-    limit_est = est if cards == 1 else _with_batch(est, per_card_batch)
+    limit_est = est if cards == 1 else replace(est, batch_size=per_card_batch)
     max_micro = largest_micro_batch(limit_est, budget, "cuda", saving)
     micro = micro_batch_for(per_card_batch, max_micro)
     accumulation = per_card_batch // micro if micro else 0
-    needed = (est.peak(max(micro, 1)) - saving) + fixed
+    allocator = (est.peak(max(micro, 1)) - saving) + cuda_allocator_fixed_bytes(gpu, est.has_convolutions)
+    needed = allocator + CUDA_CONTEXT_BYTES
     seconds, bound = step_time(est, max(micro, 1), max(accumulation, 1),
                                peak_flops=gpu.peak_tflops(est.precision) * 1e12,
                                bandwidth=gpu.bandwidth_gbs * 1e9, op_overhead_s=GPU_OP_OVERHEAD_S,
@@ -237,13 +251,8 @@ def plan_card(est: Estimates, gpu: Gpu, options: Options, cards: int = 1, strate
         memory_bytes=gpu.memory_bytes, needed_bytes=int(needed), headroom_bytes=gpu.memory_bytes - int(needed),
         max_micro_batch=max_micro, micro_batch_size=micro, accumulation_steps=accumulation,
         step_time_s=seconds, epoch_hours=seconds * est.steps_per_epoch / 3600,
-        total_hours=seconds * est.total_steps / 3600, bound=bound)
-
-
-def _with_batch(est: Estimates, batch: int) -> Estimates:
-    from dataclasses import replace
-
-    return replace(est, batch_size=batch)
+        total_hours=seconds * est.total_steps / 3600, bound=bound, allocator_bytes=int(allocator),
+        cuda_context_bytes=CUDA_CONTEXT_BYTES)
 
 
 def _efficiency(gpu: Gpu, strategy: str) -> float:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from trainwise.config import OptimConfig
 from trainwise.plan.flops import FlopTally
@@ -148,7 +148,7 @@ class AllocationTracker(TorchDispatchMode):
     end with the final labels: the optimizer's moments, made as temporaries of its first step, count as
     optimizer state wherever the peak fell."""
 
-    def __init__(self, rounding: int = 1, hidden_workspace: Callable[..., int] | None = None):
+    def __init__(self, rounding: int = 1, hidden_workspace: Callable[..., tuple] | None = None):
         super().__init__()
         self.rounding = rounding
         self.hidden_workspace = hidden_workspace
@@ -172,21 +172,25 @@ class AllocationTracker(TorchDispatchMode):
         return "optimizer" if self.in_optimizer else "micro_batches"
 
     def _size(self, storage: torch.UntypedStorage) -> int:
-        nbytes = storage.nbytes()
+        return self._rounded(storage.nbytes())
+
+    def _rounded(self, nbytes: int) -> int:
         return math.ceil(nbytes / self.rounding) * self.rounding if self.rounding > 1 else nbytes
 
-    def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
-        """Count a tensor's storage (once); with a category, (re)label it."""
+    def track(self, tensor: torch.Tensor, category: str | None = None, nbytes: int | None = None) -> None:
+        """Count a tensor's storage (once); with a category, (re)label it. `nbytes`: what the real kernel
+        allocated for it, where a fake kernel says otherwise (workspaces.py)."""
         storage = tensor.untyped_storage()
         key = id(storage)
         record = self._records.get(key)
         if record is None:
             self.clock += 1
-            record = _Storage(self._size(storage), category or self.phase, self.clock)
+            size = self._size(storage) if nbytes is None else self._rounded(nbytes)
+            record = _Storage(size, category or self.phase, self.clock)
             self._records[key] = record
             self._history.append(record)
             self.total += record.nbytes
-            self.bytes_written[self.part] += storage.nbytes()
+            self.bytes_written[self.part] += storage.nbytes() if nbytes is None else nbytes
             weakref.finalize(storage, self._free, key, record)
             self._check_peak()
         elif category is not None:
@@ -223,44 +227,28 @@ class AllocationTracker(TorchDispatchMode):
         return live
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if func.namespace == "aten":  # fake tensors also route prim.device etc. here; those are no kernels
             self.ops[self.part] += 1
-        tree_map_only(torch.Tensor, self.track, out)
-        if self.hidden_workspace is not None:
-            nbytes = self.hidden_workspace(func, args, out)
-            if nbytes:
-                self.workspace(nbytes)
+        memory = None
+        if self.hidden_workspace is not None:  # the real kernel's outputs and what it allocates inside
+            out, memory = self.hidden_workspace(func, args, kwargs, out)
+        if memory is None:
+            tree_map_only(torch.Tensor, self.track, out)
+            return out
+        leaves = tree_flatten(out)[0]
+        for index, value in enumerate(leaves):
+            if isinstance(value, torch.Tensor):
+                real = memory.output_bytes[index] if index < len(memory.output_bytes) else None
+                self.track(value, nbytes=real)
+        if memory.workspace:
+            self.workspace(memory.workspace)
         return out
 
 
-def cpu_im2col_workspace(func, args, out) -> int:
-    """Bytes of the im2col buffer of CPU's fallback convolution (aten::_slow_conv2d), which CPUs without
-    oneDNN bf16/fp16 support run for low-precision convolutions, forward and backward. A 1×1 convolution
-    with stride 1 and no padding needs none."""
-    if func is torch.ops.aten.convolution.default:
-        inputs, weight, output, stride, padding = args[0], args[1], out, args[3], args[4]
-    elif func is torch.ops.aten.convolution_backward.default:
-        inputs, weight, output, stride, padding = args[1], args[2], args[0], args[4], args[5]
-    else:
-        return 0
-    if inputs.dtype not in (torch.bfloat16, torch.float16) or inputs.dim() != 4:
-        return 0
-    kernel_h, kernel_w = weight.shape[2:]
-    if (kernel_h, kernel_w) == (1, 1) and tuple(stride) == (1, 1) and not any(padding):
-        return 0
-    batch, channels = inputs.shape[:2]
-    return batch * channels * kernel_h * kernel_w * output.shape[2] * output.shape[3] * inputs.element_size()
-
-
-def hidden_workspace_for(step: "TrainingStep") -> Callable[..., int] | None:
-    """Kernel-internal buffers of the present backend that a trace cannot see (CPU only: on CUDA, cuDNN's
-    workspace is a per-device fixed cost, see advise.py)."""
-    if step.device_kind != "cpu" or step.precision == "fp32":
-        return None
-    supported = (torch.ops.mkldnn._is_mkldnn_bf16_supported() if step.precision == "bf16"
-                 else torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    return None if supported and torch.backends.mkldnn.is_available() else cpu_im2col_workspace
+# Kernel-internal memory of the CPU (oneDNN reorders and scratchpads, ATen's temporaries): workspaces.py
+from trainwise.plan.workspaces import cpu_im2col_workspace, hidden_workspace_for  # noqa: E402,F401
 
 
 # ---- tracing -----------------------------------------------------------------------------------------------
