@@ -22,6 +22,25 @@ try:  # typer ≥ 0.29 vendors click
 except ImportError:  # pragma: no cover - older typer depends on click itself
     from click.exceptions import ClickException
 
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help prints a type after every option, flags included (`--json <bool>`, `--help <bool>`),
+    as if they took a value. A flag's type is shown as nothing."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_trainwise_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and not self.count else shown(self, ctx)
+
+    display_type_rich._trainwise_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
 app = typer.Typer(
     name="trainwise",
     help="Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server.",
@@ -35,10 +54,15 @@ OVERRIDES_HELP = "Dotted overrides of the recipe, e.g. optim.lr=3e-4 train.max_s
 
 
 @app.command()
-def recipes() -> None:
+def recipes(as_json: bool = typer.Option(False, "--json", help="Print {recipe: description} as JSON.")) -> None:
     """List the built-in recipes."""
+    import json
+
     from trainwise.recipes import list_recipes
 
+    if as_json:
+        typer.echo(json.dumps(list_recipes(), indent=2))
+        return
     table = Table("recipe", "what it trains", box=None)
     for name, description in list_recipes().items():
         table.add_row(name, description.split(":", 1)[-1].strip())
@@ -136,8 +160,10 @@ def _exit_code_of_the_run(path: Path) -> Iterator[None]:
             summary = RunDir(path).read_summary()
         except Exception:  # nothing recorded yet (the abort came before the first step)
             summary = {}
-        if summary:
+        if summary.get("status") == "stopped":  # what the trainer wrote on the abort, not an older run's
             _print_outcome(summary, Path(path))
+        else:
+            console.print("aborted before training started.")
         raise typer.Exit(EXIT_ABORTED) from None
 
 
@@ -166,10 +192,11 @@ def _register_rooms() -> None:
     from trainwise.doctor import commands as doctor_commands
     from trainwise.evaluate import commands as evaluate_commands
     from trainwise.plan import commands as plan_commands
+    from trainwise.recsys import commands as recsys_commands
     from trainwise.telemetry import commands as telemetry_commands
 
     for room in (plan_commands, doctor_commands, telemetry_commands, data_commands, diagnose_commands,
-                 evaluate_commands):
+                 evaluate_commands, recsys_commands):
         room.register(app)
 
 

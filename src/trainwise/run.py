@@ -88,10 +88,17 @@ class RunDir:
         if holder is not None:
             raise run_lock.in_use(path, holder)
         if path.is_dir() and any(p.name != _LOCK_FILE for p in path.iterdir()) and not overwrite:
-            raise RunDirError(
-                f"{path} already holds files (a previous run?). Nothing was touched.\n"
-                f"Choose another --out, `trainwise resume {path}` to continue it, or pass --overwrite "
-                "to replace it.")
+            run = RunDir(path)
+            status = run.read_summary().get("status") if run.summary_path.is_file() else None
+            if status == "completed":
+                advice = ("It holds a completed run, which cannot be resumed. Choose another --out "
+                          "for a new run, or pass --overwrite to replace it.")
+            elif run.checkpoint_path("last").is_file():
+                advice = (f"Continue it with `trainwise resume {path}`, choose another --out, or pass --overwrite "
+                          "to replace it.")
+            else:
+                advice = "Choose another --out, or pass --overwrite to replace it."
+            raise RunDirError(f"{path} already holds files (a previous run?). Nothing was touched.\n{advice}")
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":

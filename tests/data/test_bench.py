@@ -3,11 +3,17 @@ from __future__ import annotations
 from trainwise.data.bench import bench_verdict
 
 
-def test_the_fewest_workers_that_keep_up_with_headroom_are_recommended():
-    verdict = bench_verdict({"auto": 900.0, "0": 1000.0, "1": 5000.0, "3": 9000.0}, model_rate=3000.0)
-    assert not verdict.bottleneck and verdict.workers == "1"
-    assert verdict.message == ("the loader delivers 5,000 samples/s with num_workers=1, the model consumes 3,000: "
-                               "data will not be the bottleneck; set data.num_workers=1")
+def test_the_setting_measured_fastest_is_recommended_with_the_numbers():
+    # what a user saw: 0 workers at 60k samples/s, auto at 36k, and the bench recommended auto
+    verdict = bench_verdict({"auto": 36_000.0, "0": 60_000.0, "2": 41_000.0}, model_rate=3000.0)
+    assert not verdict.bottleneck and verdict.workers == "0"
+    assert verdict.message == ("num_workers=0 loaded the most, 60,000 samples/s (others: auto: 36,000, 2: 41,000); "
+                               "the model consumes 3,000: data will not be the bottleneck; set data.num_workers=0")
+
+
+def test_rates_within_noise_of_the_best_go_to_the_cheaper_setting_measured_first():
+    verdict = bench_verdict({"auto": 9_800.0, "0": 5_000.0, "4": 10_000.0}, model_rate=3000.0)
+    assert verdict.workers == "auto"
 
 
 def test_keeping_up_without_headroom_says_so():

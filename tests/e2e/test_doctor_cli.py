@@ -77,3 +77,41 @@ def test_inverted_temperature_thresholds_are_a_user_error():
 def test_missing_facts_file_is_a_user_error(tmp_path):
     result = doctor("--facts", str(tmp_path / "missing.json"))
     assert isinstance(result.exception, ConfigError) and "does not exist" in str(result.exception)
+
+
+def test_the_header_says_whether_the_machine_is_this_one_or_a_recorded_one(tmp_path, monkeypatch):
+    from trainwise.doctor import facts as facts_module
+    from trainwise.doctor.facts import load_facts
+
+    recorded = load_facts(FACTS / "this_machine_cpu.json")
+    recorded.description = "Recorded by trainwise doctor: Debian 12, no NVIDIA GPU, driver -, torch 2.13.0+cpu"
+    monkeypatch.setattr(facts_module, "collect_facts", lambda data_dir: recorded)
+    live = doctor("--data-dir", str(tmp_path))
+    assert live.stdout.startswith("This machine: Debian 12, no NVIDIA GPU") and "Recorded by" not in live.stdout
+    replayed = doctor("--facts", str(FACTS / "h200.json"))
+    assert replayed.stdout.startswith(f"Facts from {FACTS / 'h200.json'}")
+
+
+def test_a_data_dir_that_does_not_exist_is_a_warning_with_the_fix(tmp_path):
+    from trainwise.doctor.checks import run_checks
+    from trainwise.doctor.disk import probe_disk
+    from trainwise.doctor.facts import load_facts
+
+    facts = load_facts(FACTS / "this_machine_cpu.json")
+    facts.disk = probe_disk(tmp_path / "typo" / "data")
+    found = {f.title: f for f in run_checks(facts)}["Data directory"]
+    assert found.status == "warn" and f"{tmp_path / 'typo' / 'data'} does not exist" in found.finding
+    assert f"mkdir -p {tmp_path / 'typo' / 'data'}" in found.fix
+    facts.disk = probe_disk(tmp_path)
+    assert "Data directory" not in {f.title for f in run_checks(facts)}
+
+
+def test_one_dataloader_worker_is_singular():
+    from trainwise.doctor.checks import run_checks
+    from trainwise.doctor.facts import load_facts
+
+    facts = load_facts(FACTS / "this_machine_cpu.json")
+    facts.host.cpu_usable = facts.host.cpu_logical = 2
+    cores = {f.title: f for f in run_checks(facts)}["CPU cores"]
+    assert cores.evidence["suggested_workers"] == 1
+    assert "1 DataLoader worker" in cores.finding and "1 DataLoader workers" not in cores.finding

@@ -73,7 +73,7 @@ def test_ablate_runs_each_variant_then_resumes(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "ablation.json").read_text())
     assert [v["name"] for v in summary["variants"]] == ["baseline", "data.augment=false"]
-    assert all(v["n"] == 1 and 0 < v["mean"] <= 1 for v in summary["variants"]) and "Welch" in summary["test"]
+    assert all(v["n"] == 1 and 0 < v["mean"] <= 1 for v in summary["variants"]) and "paired" in summary["test"]
     assert (out / "data.augment-false" / "seed0" / "eval").is_dir()
     assert "train.max_steps=12" in (out / "logs" / "baseline-seed0.log").read_text()
     html = (out / "ablation.html").read_text()

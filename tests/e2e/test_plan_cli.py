@@ -77,3 +77,31 @@ def test_probe_measures_this_machine_beside_the_estimate(capsys):
     assert probe["peak_bytes"] == pytest.approx(probe["estimated_peak_bytes"], rel=0.05)
     cpu = data["advice"]["cards"][-1]
     assert cpu["measured"] and cpu["step_time_s"] == probe["step_time_s"]
+
+
+def test_gpu_a100_plans_both_a100_cards_instead_of_suggesting_a10(capsys):
+    data = plan_json(capsys, "--gpu", "A100")
+    names = [card["name"] for card in data["advice"]["cards"] if card["kind"] != "cpu"]
+    assert "A100 40GB" in names and "A100 80GB" in names and "A10" not in names
+
+
+def test_plan_reads_at_80_columns_without_wrapped_cells_or_cut_names(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = invoke(capsys, "plan", "digits")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert "…" not in result.stdout
+    rows = [line for line in lines if line.startswith(" T4 ") or line.startswith(" A10 ")]
+    assert len(rows) == 2 and all("yes" in row and "GiB" in row for row in rows)  # one line per card
+    assert "A10: Lambda gpu_1x_a10;" in result.stdout  # the whole instance name, below the table
+
+
+def test_plan_uses_the_full_table_when_the_terminal_is_wide(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    result = invoke(capsys, "plan", "digits")
+    assert result.returncode == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("card"))
+    assert "micro × accum" in header and "cheapest offer" in header
+    a10 = next(line for line in result.stdout.splitlines() if line.startswith(" A10 "))
+    assert "Lambda gpu_1x_a10" in a10

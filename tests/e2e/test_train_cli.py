@@ -152,7 +152,6 @@ def test_train_help_documents_the_exit_codes(capsys):
     assert "75" in result.stdout and "130" in result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="needs the wording change in RunDir.refuse_existing (run.py, lead)")
 def test_train_into_a_completed_run_suggests_overwrite_or_a_new_out_not_resume(tmp_path, capsys):
     out = tmp_path / "run"
     assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)).returncode == 0

@@ -6,7 +6,8 @@ from scipy import stats
 
 from trainwise.errors import ConfigError
 from trainwise.evaluate.ablate import parse_vary, plan_variants
-from trainwise.evaluate.ablation_stats import summarise_variants, welch_p_value
+from trainwise.evaluate.ablation_stats import (paired_t_p_value, sign_flip_p_value, smallest_exact_p,
+                                               summarise_variants)
 
 
 def test_parse_vary_values_lists_and_switch_names():
@@ -44,32 +45,76 @@ def test_a_bad_key_fails_before_any_run():
 
 
 def _outcomes(values):
-    return [{"variant": name, "ok": True, "value": v} for name, vs in values.items() for v in vs]
+    return [{"variant": name, "ok": True, "value": v, "seed": k} for name, vs in values.items()
+            for k, v in enumerate(vs)]
 
 
-def test_summary_uses_welch_t_test_and_says_which_way():
-    values = {"baseline": [0.90, 0.91, 0.92], "big_gain": [0.97, 0.975, 0.98], "noise": [0.89, 0.93, 0.91]}
+def test_seeds_are_compared_in_pairs_with_the_exact_test_for_few_seeds():
+    # seed-to-seed spread (0.80 .. 0.95) swamps the gain for an unpaired test; every seed gains 0.01-0.02
+    baseline = [0.80, 0.85, 0.90, 0.95, 0.83, 0.88]
+    gain = [b + d for b, d in zip(baseline, [0.01, 0.02, 0.015, 0.01, 0.02, 0.012])]
+    noise = [b + d for b, d in zip(baseline, [0.01, -0.02, 0.015, -0.01, 0.02, -0.012])]
+    values = {"baseline": baseline, "gain": gain, "noise": noise}
     summary = summarise_variants(list(values), _outcomes(values), goal="max")
     rows = {r["name"]: r for r in summary["variants"]}
-    assert "Welch" in summary["test"]
-    assert rows["baseline"]["mean"] == pytest.approx(0.91) and rows["baseline"]["std"] == pytest.approx(0.01)
-    expected = stats.ttest_ind(values["big_gain"], values["baseline"], equal_var=False).pvalue
-    assert rows["big_gain"]["p_value"] == pytest.approx(expected)
-    assert rows["big_gain"]["delta"] == pytest.approx(0.065)
-    assert rows["big_gain"]["verdict"] == "better than baseline"
+    assert "paired" in summary["test"] and "exact sign-flip" in summary["test"]
+    assert stats.ttest_ind(gain, baseline, equal_var=False).pvalue > 0.5  # what Welch's test said: noise
+    assert rows["gain"]["test_used"] == "exact sign-flip permutation test" and rows["gain"]["pairs"] == 6
+    assert rows["gain"]["p_exact"] == pytest.approx(2 / 64)  # all 6 differences positive: the extreme
+    assert rows["gain"]["p_paired_t"] == pytest.approx(stats.ttest_rel(gain, baseline).pvalue)
+    assert rows["gain"]["p_value"] == rows["gain"]["p_exact"] and rows["gain"]["verdict"] == "better than baseline"
     assert rows["noise"]["within_noise"] is True and rows["noise"]["verdict"] == "within seed noise"
-    # for a loss, the same gain is worse
     worse = summarise_variants(list(values), _outcomes(values), goal="min")["variants"][1]
-    assert worse["verdict"] == "worse than baseline"
+    assert worse["verdict"] == "worse than baseline"  # for a loss, the same gain is worse
+
+
+def test_three_seeds_say_they_cannot_tell_instead_of_within_noise():
+    values = {"baseline": [0.90, 0.91, 0.92], "big_gain": [0.97, 0.975, 0.98]}
+    row = summarise_variants(list(values), _outcomes(values), goal="max")["variants"][1]
+    assert row["p_exact"] == pytest.approx(0.25) and row["p_paired_t"] < 0.05
+    assert row["verdict"].startswith("too few seeds to tell") and "--seeds 6" in row["verdict"]
+
+
+def test_many_seeds_use_the_paired_t_test():
+    baseline = [0.8 + 0.01 * k for k in range(12)]
+    values = {"baseline": baseline, "x": [b + 0.01 + 0.001 * (k % 3) for k, b in enumerate(baseline)]}
+    row = summarise_variants(list(values), _outcomes(values), goal="max")["variants"][1]
+    assert row["test_used"] == "paired t-test" and row["p_value"] == row["p_paired_t"] < 0.05
+
+
+def test_pairs_are_made_on_the_seed_not_the_order():
+    outcomes = [{"variant": "baseline", "ok": True, "value": v, "seed": s} for s, v in ((0, 0.5), (1, 0.9))]
+    outcomes += [{"variant": "x", "ok": True, "value": v, "seed": s} for s, v in ((1, 0.91), (0, 0.51))]
+    row = summarise_variants(["baseline", "x"], outcomes, goal="max")["variants"][1]
+    assert row["pairs"] == 2 and row["p_paired_t"] == 0.0  # both seeds gained exactly 0.01
 
 
 def test_too_few_seeds_and_failed_runs_are_reported_not_hidden():
-    outcomes = [{"variant": "baseline", "ok": True, "value": 0.9},
-                {"variant": "x", "ok": True, "value": 0.8}, {"variant": "x", "ok": False, "value": None}]
+    outcomes = [{"variant": "baseline", "ok": True, "value": 0.9, "seed": 0},
+                {"variant": "x", "ok": True, "value": 0.8, "seed": 0},
+                {"variant": "x", "ok": False, "value": None, "seed": 1}]
     rows = summarise_variants(["baseline", "x"], outcomes, goal="max")["variants"]
     assert rows[1]["p_value"] is None and rows[1]["verdict"].startswith("too few seeds")
     assert rows[1]["failed_runs"] == 1 and rows[1]["n"] == 1
-    assert welch_p_value([1.0, 1.0], [1.0, 1.0]) == 1.0 and welch_p_value([1.0, 1.0], [2.0, 2.0]) == 0.0
+    assert paired_t_p_value([1.0, 1.0], [1.0, 1.0]) == 1.0 and paired_t_p_value([2.0, 2.0], [1.0, 1.0]) == 0.0
+    assert sign_flip_p_value([0.0, 0.0]) == 1.0 and smallest_exact_p(3) == 0.25
+
+
+def test_a_metric_the_runs_will_not_record_is_refused_before_any_run(tmp_path):
+    from trainwise.evaluate.ablate import ablate
+
+    out = tmp_path / "a"
+    with pytest.raises(ConfigError, match=r"no test metric 'acuracy'. Did you mean test/accuracy\?"):
+        ablate("breast-cancer", ["dropout"], out=out, metric="test/acuracy")
+    with pytest.raises(ConfigError, match="no val metric 'roc_auc'.*val/balanced_accuracy"):
+        ablate("breast-cancer", ["dropout"], out=out, metric="val/roc_auc")
+    assert not out.exists()  # nothing trained
+
+
+def test_vary_values_that_resolve_to_the_same_config_are_left_out_before_training():
+    variants, skipped = plan_variants("breast-cancer", parse_vary(["optim.lr=0.01,1e-2,0.1"]))
+    assert [v.name for v in variants] == ["baseline", "optim.lr=0.01", "optim.lr=0.1"]
+    assert skipped == ["optim.lr=1e-2"]
 
 
 def test_parallel_runs_share_the_usable_cores(monkeypatch):

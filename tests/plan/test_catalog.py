@@ -86,3 +86,16 @@ def test_exchange_rates_from_the_command_line():
     assert parse_rates(["cny=0.14"]) == {"CNY": 0.14}
     with pytest.raises(ConfigError, match="CODE=USD_VALUE"):
         parse_rates(["CNY:7.2"])
+
+
+@pytest.mark.parametrize("typed, expected", [
+    ("A100", ["A100 40GB", "A100 80GB"]), ("a100", ["A100 40GB", "A100 80GB"]),
+    ("H100", ["H100 PCIe", "H100 SXM"]), ("h100-sxm5", ["H100 SXM"]), ("A10", ["A10"]),
+    ("4090", ["RTX 4090"]), ("V100", ["V100 16GB", "V100 32GB"]), ("A100-80GB", ["A100 80GB"]),
+])
+def test_a_family_name_picks_every_card_it_starts_and_aliases_resolve(typed, expected):
+    assert [g.name for g in find_gpus(load_gpus(), [typed])] == expected
+
+
+def test_a_card_named_twice_is_planned_once():
+    assert [g.name for g in find_gpus(load_gpus(), ["A100", "a100 80gb"])] == ["A100 40GB", "A100 80GB"]

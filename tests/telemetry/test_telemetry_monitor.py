@@ -67,3 +67,21 @@ def test_bad_options_are_user_errors(tmp_path, kwargs, message):
         kwargs = {"log_path": tmp_path / kwargs["log_path"]}
     with pytest.raises(ConfigError, match=message):
         run_monitor(once=True, **kwargs)
+
+
+def test_once_is_one_json_line_after_a_full_cpu_window_and_does_not_say_ctrl_c(monkeypatch, capsys):
+    import trainwise.telemetry.monitor as monitor
+
+    install_fake_nvml(monkeypatch, [FakeGpu()])
+    waits = []
+    monkeypatch.setattr(monitor.time, "sleep", waits.append)
+    run_monitor(interval_s=0.1, once=True, as_json=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["gpus"]  # help: "one line per sample"
+    assert waits == [monitor.FIRST_READING_WAIT_S]  # CPU % over a real window, not over 0.1 s
+    console = Console(width=160, record=True)
+    run_monitor(interval_s=0.1, once=True, console=console)
+    assert "Ctrl-C" not in console.export_text()
+    console = Console(width=160, record=True)
+    run_monitor(interval_s=0.1, max_samples=2, console=console)
+    assert "Ctrl-C to quit" in console.export_text()

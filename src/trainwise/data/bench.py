@@ -26,6 +26,9 @@ ModelRate = Callable[[DataSpec, int], float]
 """Samples/s the model consumes, given the data's spec and the batch size."""
 
 HEADROOM = 1.2  # the loader should beat the model by this much: step times jitter, workers get descheduled
+NOISE = 0.05  # rates this close to the best are a tie: the setting measured first (the cheaper one) wins
+QUICK_SECONDS = 0.5  # per worker count in the default `--quick` bench: the whole bench stays under ~5 s
+FULL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -33,32 +36,32 @@ class Verdict:
     bottleneck: bool
     """True when even the best worker count delivers fewer samples/s than the model consumes."""
     workers: str
-    """The `data.num_workers` value to set: "auto" or a count."""
+    """The `data.num_workers` value to set: the one measured fastest ("auto" or a count)."""
     message: str
 
 
 def bench_verdict(loader_rates: dict[str, float], model_rate: float) -> Verdict:
-    """The first setting (in the order measured, cheapest first) that delivers `HEADROOM` × what the model
-    consumes; else the fastest one. Keys are `data.num_workers` values: "auto", "0", "2", ..."""
+    """Recommend the setting measured fastest (within `NOISE` of the best, the first measured: cheapest
+    first), with the numbers, and say whether it keeps up with what the model consumes. Keys are
+    `data.num_workers` values: "auto", "0", "2", ..."""
     if not loader_rates:
         raise ValueError("no loader measurements")
-    best_setting = max(loader_rates, key=loader_rates.get)
-    best = loader_rates[best_setting]
-    enough = [setting for setting, rate in loader_rates.items() if rate >= HEADROOM * model_rate]
-    if enough:
-        setting = enough[0]
-        return Verdict(False, setting, f"the loader delivers {loader_rates[setting]:,.0f} samples/s with "
-                       f"num_workers={setting}, the model consumes {model_rate:,.0f}: data will not be the "
-                       f"bottleneck; set data.num_workers={setting}")
+    top = max(loader_rates.values())
+    setting = next(s for s, rate in loader_rates.items() if rate >= (1 - NOISE) * top)
+    best = loader_rates[setting]
+    others = [f"{s}: {rate:,.0f}" for s, rate in loader_rates.items() if s != setting]
+    measured = (f"num_workers={setting} loaded the most, {best:,.0f} samples/s"
+                + (f" (others: {', '.join(others)})" if others else "") + f"; the model consumes {model_rate:,.0f}")
+    if best >= HEADROOM * model_rate:
+        return Verdict(False, setting, f"{measured}: data will not be the bottleneck; set "
+                       f"data.num_workers={setting}")
     if best >= model_rate:
-        return Verdict(False, best_setting, f"the loader delivers {best:,.0f} samples/s with num_workers="
-                       f"{best_setting}, the model consumes {model_rate:,.0f}: data keeps up, with little "
-                       f"headroom; set data.num_workers={best_setting}")
+        return Verdict(False, setting, f"{measured}: data keeps up, with little headroom; set "
+                       f"data.num_workers={setting}")
     share = best / model_rate if model_rate else 0.0
-    return Verdict(True, best_setting, f"the loader delivers {best:,.0f} samples/s at best (num_workers="
-                   f"{best_setting}), the model consumes {model_rate:,.0f}: data will be the bottleneck (the GPU "
-                   f"waits {1 - share:.0%} of the time); set data.num_workers={best_setting}, and prepare smaller "
-                   "images (--size) or run on a machine with more CPU cores")
+    return Verdict(True, setting, f"{measured}: data will be the bottleneck (the GPU waits {1 - share:.0%} of the "
+                   f"time); set data.num_workers={setting}, and prepare smaller images (--size) or run on a machine "
+                   "with more CPU cores")
 
 
 def loader_rate(dataset: PreparedDataset, *, workers: int | str, batch_size: int, device: torch.device,
@@ -115,17 +118,18 @@ def bench(directory: str | Path, config: RunConfig, model_rate: ModelRate, *, re
     dataset = PreparedDataset(directory, split, manifest=manifest)
     if not len(dataset):
         raise DataError(f"{directory}: the {split} split is empty.")
-    counts = workers if workers is not None else _worker_counts()
+    counts = workers if workers is not None else worker_counts()
     rates = {str(w): loader_rate(dataset, workers=w, batch_size=batch, device=device, seconds=seconds)
              for w in counts}
     consumed = model_rate(data_spec(manifest), batch)
     return BenchResult(rates, consumed, batch, str(device), recipe, bench_verdict(rates, consumed))
 
 
-def _worker_counts() -> list[int | str]:
+def worker_counts(quick: bool = False) -> list[int | str]:
     """`auto` (for prepared data: a background thread, no worker processes), then 0 up to what auto would
-    give a per-sample dataset."""
+    give a per-sample dataset; `quick`: only auto, 0 and that most."""
     most = choose_loader_settings(torch.device("cpu"), "auto").num_workers
     counts = {0, most}
-    counts.update(c for c in (1, 2, 4, 8) if c < most)
+    if not quick:
+        counts.update(c for c in (1, 2, 4, 8) if c < most)
     return ["auto", *sorted(counts)]

@@ -86,8 +86,8 @@ def next_step(manifest: dict, to: Path) -> str:
     from trainwise.recipes import load_recipe
 
     if manifest["kind"] == "interactions":
-        return ("Next: train your own model on it through the Python API (trainwise.data.prepared."
-                "PreparedDataset); no built-in recipe reads interaction logs.")
+        return (f"Next: trainwise train shop-sasrec --out runs/sasrec data.path={shlex.quote(str(to))} "
+                "(or shop-din), then trainwise eval runs/sasrec --json.")
     recipe = "image-folder" if manifest["kind"] == "images" else "table"
     path = shlex.quote(str(to))
     default = load_recipe(recipe, [f"data.path={to}"]).train.batch_size
@@ -98,8 +98,8 @@ def next_step(manifest: dict, to: Path) -> str:
     extra = f" train.batch_size={batch}" if batch != default else ""
     if manifest.get("task") == "regression" and recipe == "table":
         extra += " eval.monitor=val/mae"
-    why = (f" (the recipe's batch of {default} is more than the {train_count:,} training samples hold; "
-           f"{batch} gives {train_count // batch} steps per epoch)" if batch != default else "")
+    why = (f" (the recipe's batch of {default} gives {train_count // default} steps per epoch on "
+           f"{train_count:,} training samples; {batch} gives {train_count // batch})" if batch != default else "")
     return (f"Next: trainwise train {recipe} data.path={path} --out runs/{shlex.quote(Path(to).name)}{extra}"
             f"{why}")
 
@@ -109,22 +109,35 @@ def _print_next_step(manifest: dict, to: Path) -> None:
 
 
 @data_app.command("verify")
-def verify(directory: Path = typer.Argument(..., help="A prepared dataset directory.")) -> None:
+def verify(
+    directory: Path = typer.Argument(..., help="A prepared dataset directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (damaged shards still exit 2)."),
+) -> None:
     """Check manifest.json (schema, checksum), then every shard against it: header, size and sha256."""
+    import json
+
     from trainwise.data.shards import (CHECKSUM, UncheckedManifestWarning, iter_files, read_manifest,
                                        verify as verify_shards)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UncheckedManifestWarning)
         manifest = read_manifest(directory)  # a damaged manifest is a DataError naming the field: exit 2
-    for warning in caught:
-        console.print(f"[yellow]warning:[/] {warning.message}", highlight=False, soft_wrap=True)
+    if not as_json:
+        for warning in caught:
+            console.print(f"[yellow]warning:[/] {warning.message}", highlight=False, soft_wrap=True)
     problems = verify_shards(directory, manifest)
     files = sum(1 for _ in iter_files(manifest))
+    if as_json:
+        typer.echo(json.dumps({"directory": str(directory), "ok": not problems, "files": files,
+                               "manifest_checksum": CHECKSUM in manifest,
+                               "warnings": [str(w.message) for w in caught],
+                               "damaged": [{"file": str(p.file), "problem": p.problem} for p in problems]}))
     if problems:
         lines = "\n".join(f"  {p.file}: {p.problem}" for p in problems)
         raise DataError(f"{directory}: {len(problems)} of {files} shard files are damaged:\n{lines}\n"
                         f"Prepare the dataset again (`trainwise prepare SOURCE --to {directory} --force`).")
+    if as_json:
+        return
     checked = "manifest.json matches its checksum; " if CHECKSUM in manifest else ""
     console.print(f"{directory}: {checked}all {files} shard files match their sha256.",
                   soft_wrap=True)
@@ -139,8 +152,8 @@ def bench(
                                           "and 0 up to the cores)."),
     batch_size: Optional[int] = typer.Option(None, help="Batch size (default: the recipe's)."),
     quick: bool = typer.Option(True, "--quick/--full", help="--quick (default, a few seconds): auto, 0 and the "
-                               "most workers, 0.5 s each, 2 model steps; --full: every worker count, 2 s each, "
-                               "8 model steps."),
+                               "most workers for 0.5 s each, and 2 model steps; --full: every worker count for 2 s "
+                               "each, and 10 model steps."),
     seconds: Optional[float] = typer.Option(None, help="Seconds of loading per worker count (default: 0.5 with "
                                             "--quick, 2 with --full)."),
     device: Optional[str] = typer.Option(None, help="Device of the model probe (default: the recipe's)."),
@@ -157,7 +170,7 @@ def bench(
         raise DataError(f"--seconds {seconds:g}: give a positive number of seconds, e.g. --seconds 1.")
     result = bench_prepared(directory, recipe=recipe, workers=counts, batch_size=batch_size,
                             seconds=seconds or (QUICK_SECONDS if quick else FULL_SECONDS), device=device,
-                            model_steps=2 if quick else 8)
+                            quick=quick)
     if as_json:
         typer.echo(json.dumps({"loader_samples_per_s": result.loader, "model_samples_per_s": result.model,
                                "batch_size": result.batch_size, "device": result.device, "recipe": result.recipe,

@@ -25,9 +25,22 @@ def run_checks(facts: Facts, thresholds: TelemetryConfig | None = None) -> list[
                 peer_access(facts), all_reduce(facts), install_guidance(facts)]
     findings += host_findings(facts.host, gpus=_gpu_count(facts),
                               gpu_memory_bytes=sum(g.memory_total_bytes or 0 for g in facts.nvml.gpus))
-    findings += disk_findings(facts.disk)
+    findings += [data_directory(facts), *disk_findings(facts.disk)]
     findings += gpu_health_findings(facts.nvml.gpus, thresholds)
     return [f for f in findings if f is not None]
+
+
+# ---- the data directory ----------------------------------------------------------------------------
+def data_directory(f: Facts) -> Finding | None:
+    """`--data-dir` that does not exist (a typo?): the disk checks below are about its nearest existing parent."""
+    d = f.disk
+    if d.exists:
+        return None
+    return Finding("warn", "Data directory", f"{d.path} does not exist; the disk checks below are for "
+                   f"{d.probed_path}, the nearest existing directory above it",
+                   {"path": d.path, "probed_path": d.probed_path},
+                   f"Check the spelling, or create it: `mkdir -p {d.path}` (`trainwise prepare --to` creates it "
+                   "too).")
 
 
 # ---- Python ----------------------------------------------------------------------------------------

@@ -52,11 +52,23 @@ def doctor(
     if as_json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))
     else:
-        _print_findings(console, findings, facts.description)
+        _print_findings(console, findings, _header(facts, facts_file))
         if record is not None:
             console.print(f"facts saved to {record}")
     if worst(findings) == "fail":
         raise typer.Exit(1)
+
+
+LIVE_PREFIX = "Recorded by trainwise doctor: "  # how collect_facts describes a machine, for a later --facts
+
+
+def _header(facts, facts_file: Optional[Path]) -> str:
+    """Which machine the findings are about: this one, probed now, or the one a facts file recorded."""
+    description = facts.description.removeprefix(LIVE_PREFIX)
+    if facts_file is None:
+        return f"This machine: {description}"
+    when = f", recorded {facts.recorded_at}" if facts.recorded_at else ""
+    return f"Facts from {facts_file}{when}: {description}"
 
 
 def _print_findings(console: Console, findings, description: str) -> None:

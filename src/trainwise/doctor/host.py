@@ -27,14 +27,14 @@ def cpu_cores(h: HostFacts, gpus: int) -> Finding:
     limited = f" (of {h.cpu_logical} on the machine)" if h.cpu_usable < h.cpu_logical else ""
     evidence = {"usable_cores": h.cpu_usable, "logical_cores": h.cpu_logical, "physical_cores": h.cpu_physical,
                 "gpus": gpus, "suggested_workers": workers}
+    workers_text = f"{workers} DataLoader worker{'' if workers == 1 else 's'}"
     if gpus and h.cpu_usable / gpus < MIN_CORES_PER_GPU:
         return Finding("warn", "CPU cores", f"{h.cpu_usable} usable cores{limited} for {gpus} GPU(s): data "
-                       f"loading may starve the GPUs ({workers} DataLoader workers per GPU)", evidence,
+                       f"loading may starve the GPUs ({workers_text} per GPU)", evidence,
                        "Prepare the data once (`trainwise prepare`) so workers only read shards, keep augmentation "
                        "light, or ask for more cores (docker run --cpus=N).")
     per = " per GPU" if gpus else ""
-    return Finding("ok", "CPU cores", f"{h.cpu_usable} usable cores{limited}: up to {workers} DataLoader "
-                   f"workers{per}", evidence)
+    return Finding("ok", "CPU cores", f"{h.cpu_usable} usable cores{limited}: up to {workers_text}{per}", evidence)
 
 
 def ram(h: HostFacts, gpu_memory_bytes: int) -> Finding:

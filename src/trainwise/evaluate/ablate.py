@@ -3,8 +3,9 @@
 Runs the baseline and every variant for each seed, each as its own `python -m trainwise train` process (in
 parallel where cores and GPUs allow), evaluates each on its test split (in this process), and writes
 DIR/ablation.json and DIR/ablation.html: mean ± std of the target metric per variant, the delta against the
-baseline, and whether that delta is within seed noise (Welch's t-test). An interrupted ablation resumes: a run
-whose directory holds a completed run of the same config is reused, anything else is run again.
+baseline, and whether that delta is within seed noise (a paired test over the seeds: ablation_stats). The
+metric and every --vary value are checked before the first run. An interrupted ablation resumes: a run whose
+directory holds a completed run of the same config is reused, anything else is run again.
 """
 from __future__ import annotations
 
@@ -107,12 +108,13 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
         raise ConfigError(f"--seeds {seeds}: need at least 1 (3 or more to tell a change from noise).")
     out = Path(out)
     base = _config(recipe, list(overrides))
-    metric = metric or f"test/{base.eval.monitor.split('/')[-1]}"
+    metric = metric or _default_metric(base)
     split, _, metric_name = metric.rpartition("/")
     if split not in ("val", "test") or not metric_name:
         raise ConfigError(f"--metric {metric!r}: write it as test/<metric> or val/<metric>, "
                           "e.g. test/balanced_accuracy.")
     variants, skipped = plan_variants(recipe, parse_vary(vary), mode=mode, overrides=list(overrides))
+    check_metric(base, metric)  # before the first run, not after every variant has trained
     if skipped:
         on_progress(f"left out (same config as the baseline or an earlier variant): {', '.join(skipped)}")
     jobs = [(v, base.seed + k, out / v.directory / f"seed{k}") for v in variants for k in range(seeds)]
@@ -155,6 +157,67 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
         raise TrainingError(f"every baseline run failed, so no variant can be compared; see the logs in "
                             f"{out / 'logs'} (results so far: {out / ABLATION_JSON}).")
     return result
+
+
+_NOT_METRICS = {"samples", "num_classes"}
+RANKING_METRIC = "test/ndcg@10"  # a recommender is compared on its full-ranking NDCG@10, not its training loss
+
+
+def _default_metric(config: RunConfig) -> str:
+    """The recipe's monitored metric on the test split; NDCG@10 for data that ranks a catalogue itself."""
+    from trainwise.recipes.factories import build_data
+
+    if getattr(build_data(config).test, "evaluate_model", None) is not None:
+        return RANKING_METRIC
+    return f"test/{config.eval.monitor.split('/')[-1]}"
+
+
+def metric_names(config: RunConfig) -> tuple[str, dict[str, list[str]]] | None:
+    """(task, {"val": [...], "test": [...]}): the metrics a run of `config` records, found by running the
+    training loop's and the evaluation's own metric code on a few made-up outputs for the data's task. None
+    when that cannot tell (a dataset with its own evaluation, a task without made-up outputs)."""
+    import torch
+
+    from trainwise.evaluate.tasks import TASKS
+    from trainwise.recipes.factories import build_data
+    from trainwise.train import headline_metrics
+
+    bundle = build_data(config)  # a bad data setting is a ConfigError/DataError here: exit 2 before any run
+    spec = bundle.spec
+    if getattr(bundle.test, "evaluate_model", None) is not None or spec.task not in TASKS:
+        return None
+    if spec.task == "classification":
+        classes = max(2, spec.num_classes or 2)
+        targets = torch.arange(classes).repeat(2)
+        outputs = torch.randn(len(targets), classes, generator=torch.Generator().manual_seed(0))
+    elif spec.task == "regression":
+        targets, outputs = torch.tensor([0.0, 1.0, 2.0, 4.0]), torch.tensor([[0.5], [1.0], [2.5], [3.0]])
+    else:
+        return None
+    val = headline_metrics(outputs, targets, spec.task, lambda out, target: torch.tensor(0.0))
+    test = TASKS[spec.task].metrics(outputs, targets, spec.class_names)
+    test_names = [k for k, v in test.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in _NOT_METRICS]
+    if "macro" in test:
+        test_names.append("macro_f1")
+    return spec.task, {"val": list(val), "test": test_names}
+
+
+def check_metric(config: RunConfig, metric: str) -> None:
+    """Refuse a `--metric` the runs will not record (ConfigError), naming the ones they will."""
+    import difflib
+
+    found = metric_names(config)
+    if found is None:
+        return
+    task, names = found
+    split, _, name = metric.rpartition("/")
+    if name in names[split]:
+        return
+    close = difflib.get_close_matches(name, names[split], n=1)
+    hint = f" Did you mean {split}/{close[0]}?" if close else ""
+    raise ConfigError(f"--metric {metric!r}: a {task} run records no {split} metric {name!r}.{hint} It records: "
+                      + ", ".join(f"{split}/{n}" for n in names[split]) + ".")
 
 
 def default_workers(jobs: int) -> int:

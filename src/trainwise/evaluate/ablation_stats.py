@@ -1,18 +1,27 @@
-"""Is a variant's change real or seed noise? Mean ± std per variant, delta vs baseline, Welch's t-test.
+"""Is a variant's change real or seed noise? Mean ± std per variant, delta vs baseline, and a paired test.
 
-Welch's t-test (scipy.stats.ttest_ind with equal_var=False) does not assume the variants vary equally
-across seeds. With 3 seeds it only detects large effects: "within noise" means "not shown to differ",
-not "shown to be equal".
+Variant seed k and baseline seed k share their seed (the same initialisation, data order and split), so the
+runs are compared in pairs: the test looks at the per-seed differences, which removes the seed-to-seed
+spread the two share. Up to `EXACT_MAX_PAIRS` pairs the exact sign-flip permutation test decides (every
+assignment of signs to the differences, no assumption about their distribution); beyond that, the paired
+t-test (scipy.stats.ttest_rel). Both p-values are reported; `test_used` names the one behind the verdict.
+With n pairs the exact test's smallest possible p is 2 / 2**n: 3 seeds cannot show a difference at 0.05
+(0.25 at best), 6 can (0.031). "Within noise" means "not shown to differ", not "shown to be equal".
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Literal
 
 import numpy as np
 
 ALPHA = 0.05
-TEST_NAME = f"Welch's t-test (scipy.stats.ttest_ind, equal_var=False), two-sided, alpha {ALPHA}"
+EXACT_MAX_PAIRS = 10  # 2**10 sign assignments: enumerated in milliseconds
+EXACT = "exact sign-flip permutation test"
+PAIRED_T = "paired t-test"
+TEST_NAME = (f"paired by seed (variant seed k vs baseline seed k): {EXACT} on the per-seed differences for up "
+             f"to {EXACT_MAX_PAIRS} pairs, {PAIRED_T} (scipy.stats.ttest_rel) beyond; two-sided, alpha {ALPHA}")
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -23,24 +32,44 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
 
 
-def welch_p_value(a: list[float], b: list[float]) -> float | None:
-    """Two-sided p-value that `a` and `b` have the same mean; None when either has under 2 values."""
-    from scipy.stats import ttest_ind
+def paired_t_p_value(variant: list[float], baseline: list[float]) -> float | None:
+    """Two-sided p of the paired t-test (scipy.stats.ttest_rel), seed k against seed k; None under 2 pairs."""
+    from scipy.stats import ttest_rel
 
-    if len(a) < 2 or len(b) < 2:
+    d = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    if len(d) < 2:
         return None
-    if np.std(a) == 0 and np.std(b) == 0:  # no seed variance at all: the t statistic is undefined
-        return 1.0 if np.mean(a) == np.mean(b) else 0.0
-    return float(ttest_ind(a, b, equal_var=False).pvalue)
+    if np.ptp(d) == 0:  # every pair differs by the same amount: no spread, the t statistic is undefined
+        return 1.0 if d[0] == 0 else 0.0
+    return float(ttest_rel(variant, baseline).pvalue)
+
+
+def sign_flip_p_value(differences: list[float]) -> float | None:
+    """Exact two-sided p: the share of the 2**n sign assignments whose mean difference is at least as far
+    from 0 as the observed one. None without pairs."""
+    d = np.asarray(differences, dtype=np.float64)
+    if not len(d):
+        return None
+    observed = abs(d.mean())
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
+    means = np.abs(signs @ d) / len(d)
+    return float(np.mean(means >= observed - 1e-12 * max(1.0, observed)))
+
+
+def smallest_exact_p(pairs: int) -> float:
+    return 2.0 / 2**pairs if pairs else 1.0
 
 
 def summarise_variants(names: list[str], outcomes: list[dict[str, Any]], *,
                        goal: Literal["min", "max"]) -> dict[str, Any]:
-    """Per variant (the first is the baseline): values, mean ± std, delta, p-value and a verdict."""
+    """Per variant (the first is the baseline): values, mean ± std, delta, paired p-values and a verdict.
+    Outcomes carry "variant", "ok", "value" and "seed" (pairs are made on the seed)."""
+    baseline = names[0]
     values = {name: [o["value"] for o in outcomes if o["variant"] == name and o.get("value") is not None]
               for name in names}
+    by_seed = {name: {o.get("seed", i): o["value"] for i, o in enumerate(
+        [o for o in outcomes if o["variant"] == name and o.get("value") is not None])} for name in names}
     failed = {name: sum(1 for o in outcomes if o["variant"] == name and not o["ok"]) for name in names}
-    baseline = names[0]
     base_mean, _ = mean_std(values[baseline])
     rows = []
     for name in names:
@@ -48,21 +77,34 @@ def summarise_variants(names: list[str], outcomes: list[dict[str, Any]], *,
         row: dict[str, Any] = {"name": name, "values": values[name], "n": len(values[name]), "mean": mean,
                                "std": std, "failed_runs": failed[name]}
         if name == baseline:
-            row.update(delta=None, p_value=None, within_noise=None, verdict="baseline")
+            row.update(delta=None, pairs=None, p_value=None, p_paired_t=None, p_exact=None, test_used=None,
+                       within_noise=None, verdict="baseline")
         else:
+            seeds = sorted(set(by_seed[name]) & set(by_seed[baseline]))
+            pair_a, pair_b = [by_seed[name][s] for s in seeds], [by_seed[baseline][s] for s in seeds]
+            differences = [a - b for a, b in zip(pair_a, pair_b)]
             delta = None if mean is None or base_mean is None else mean - base_mean
-            p = welch_p_value(values[name], values[baseline])
+            p_t, p_exact = paired_t_p_value(pair_a, pair_b), sign_flip_p_value(differences)
+            exact = len(differences) <= EXACT_MAX_PAIRS
+            p = p_exact if exact else p_t
+            if len(differences) < 2:
+                p = None
             within = None if p is None else p >= ALPHA
-            row.update(delta=delta, p_value=p, within_noise=within, verdict=_verdict(delta, within, goal))
+            row.update(delta=delta, pairs=len(differences), p_value=p, p_paired_t=p_t, p_exact=p_exact,
+                       test_used=(EXACT if exact else PAIRED_T) if p is not None else None, within_noise=within,
+                       verdict=_verdict(delta, within, goal, len(differences), exact))
         rows.append(row)
     return {"test": TEST_NAME, "alpha": ALPHA, "variants": rows}
 
 
-def _verdict(delta: float | None, within_noise: bool | None, goal: str) -> str:
+def _verdict(delta: float | None, within_noise: bool | None, goal: str, pairs: int, exact: bool) -> str:
     if delta is None:
         return "no successful runs"
     if within_noise is None:
-        return "too few seeds to tell (need 2+ per variant)"
+        return "too few seeds to tell (need 2+ seeds that ran for both the baseline and the variant)"
+    if within_noise and exact and smallest_exact_p(pairs) >= ALPHA and not math.isclose(delta, 0.0, abs_tol=1e-12):
+        return (f"too few seeds to tell: with {pairs} paired seeds the exact test's smallest p is "
+                f"{smallest_exact_p(pairs):.3g}; use --seeds 6 or more")
     if within_noise or math.isclose(delta, 0.0, abs_tol=1e-12):
         return "within seed noise"
     better = delta < 0 if goal == "min" else delta > 0

@@ -69,8 +69,12 @@ def compare_command(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Side by side: the config keys that differ between runs, and their final, best and test metrics."""
+    from trainwise.errors import ConfigError
     from trainwise.evaluate.compare import compare_runs
 
+    if len(run_dirs) < 2:
+        raise ConfigError(f"compare needs two or more run directories; got one ({run_dirs[0]}). To look at one "
+                          f"run: `trainwise eval {run_dirs[0]}` or `trainwise report {run_dirs[0]}`.")
     result = compare_runs(run_dirs)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
@@ -95,7 +99,8 @@ def ablate_command(
     vary: list[str] = typer.Option(..., "--vary", help="key=v1,v2 to try, or a switch name: augmentation, "
                                    "weight_decay, warmup, amp, label_smoothing, dropout, early_stopping. "
                                    "Repeat for several."),
-    seeds: int = typer.Option(3, help="Seeds per variant (3+ to tell an effect from noise)."),
+    seeds: int = typer.Option(3, help="Seeds per variant, the same seeds for every variant, compared in pairs "
+                              "(with 6+ the exact test can show an effect at p < 0.05; 3 only hints)."),
     mode: str = typer.Option("one-at-a-time", help="one-at-a-time (each change alone) or grid (all "
                              "combinations)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory of the ablation; rerun to resume."),
@@ -112,11 +117,14 @@ def ablate_command(
     except KeyboardInterrupt:
         console.print(f"interrupted: completed runs are kept; run the same command again to resume ({out}).")
         raise typer.Exit(130) from None
-    table = Table("variant", f"{result['metric']} mean ± std", "n", "Δ vs baseline", "p", "verdict", box=None)
+    table = Table("variant", f"{result['metric']} mean ± std", "n", "Δ vs baseline", "p exact / paired t",
+                  "verdict", box=None)
     for row in result["variants"]:
+        p_values = "" if row["p_value"] is None else " / ".join(
+            "—" if p is None else f"{p:.3f}" for p in (row.get("p_exact"), row.get("p_paired_t")))
         table.add_row(row["name"], "—" if row["mean"] is None else f"{row['mean']:.4f} ± {row['std']:.4f}",
-                      str(row["n"]), "" if row["delta"] is None else f"{row['delta']:+.4f}",
-                      "" if row["p_value"] is None else f"{row['p_value']:.3f}", row["verdict"])
+                      str(row["n"]), "" if row["delta"] is None else f"{row['delta']:+.4f}", p_values,
+                      row["verdict"])
     console.print(table)
     for run in result["runs"]:
         if not run["ok"]:

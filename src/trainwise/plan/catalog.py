@@ -154,16 +154,37 @@ def load_prices(extra: Path | None = None, gpus: tuple[Gpu, ...] | None = None) 
 
 
 def find_gpus(gpus: tuple[Gpu, ...], names: list[str]) -> tuple[Gpu, ...]:
-    """The cards the user named (case and spacing ignored); an unknown name lists the known ones."""
-    by_key = {_key(g.name): g for g in gpus}
-    chosen = []
+    """The cards the user named, case, spacing and dashes ignored. A name that is exactly a card picks it;
+    otherwise every card it starts (`A100` → A100 40GB and A100 80GB, `H100` → PCIe and SXM) or an alias
+    names (`H100-SXM5`, `4090`). An unknown name lists the known ones."""
+    chosen: list[Gpu] = []
     for name in names:
-        gpu = by_key.get(_key(name))
-        if gpu is None:
+        matches = _matching(gpus, name)
+        if not matches:
             raise ConfigError(f"--gpu {name!r}: unknown card.{_close(name, [g.name for g in gpus])} "
                               f"Known cards: {', '.join(g.name for g in gpus)}.")
-        chosen.append(gpu)
+        chosen += [g for g in matches if g not in chosen]
     return tuple(chosen)
+
+
+# Names people type for a card that are neither its catalog name nor a prefix of it (keys as `_key` makes).
+_ALIASES = {"h100sxm5": "H100 SXM", "h100nvlink": "H100 SXM", "h200sxm": "H200", "b200sxm": "B200",
+            "a10g24gb": "A10G", "tesla4": "T4", "teslat4": "T4"}
+
+
+def _matching(gpus: tuple[Gpu, ...], name: str) -> list[Gpu]:
+    key = _key(name)
+    if not key:
+        return []
+    exact = [g for g in gpus if _key(g.name) == key]
+    if exact:
+        return exact
+    alias = _ALIASES.get(key)
+    if alias is not None:
+        return [g for g in gpus if g.name == alias]
+    # a prefix of the name, with or without its family (`4090` for RTX 4090)
+    return [g for g in gpus if _key(g.name).startswith(key) or _key(g.name).removeprefix("rtx").startswith(key)
+            and key[0].isdigit()]
 
 
 def parse_rates(items: list[str]) -> dict[str, float]:

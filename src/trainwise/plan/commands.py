@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 GiB = 2**30
@@ -60,28 +61,7 @@ def print_report(report, console: Console) -> None:
                   f"[bold]{_bytes(cuda['peak_bytes'])}[/] = {parts}; "
                   f"+{_bytes(cuda['per_sample_bytes'])} per extra sample; plus CUDA context and "
                   "library workspaces per card.")
-    table = Table("card", "fits", "needs / has", "micro × accum", "per epoch", "total",
-                  f"{advice.currency} on-demand / spot / month", "cheapest offer", box=None)
-    for row in advice.rows + advice.multi_gpu:
-        name = row.name if row.cards == 1 else f"{row.cards}× {row.name} {row.strategy.upper()}"
-        if row.kind == "cpu":
-            name = "[bold]this machine (CPU)[/]"
-        elif row.note == "this machine":
-            name = f"[bold]{name} (this machine)[/]"
-        offer = row.offer
-        where = "—"
-        if offer:
-            where = f"{offer['provider']} {offer['instance']}"
-            if offer["gpus"] != row.cards:
-                where += f" ({offer['gpus']} GPUs: {_duration(offer['hours'])})"
-        table.add_row(
-            name, "[green]yes[/]" if row.fits else "[red]no[/]",
-            f"{_bytes(row.needed_bytes)} / {_bytes(row.memory_bytes)}",
-            f"{row.micro_batch_size} × {row.accumulation_steps}" if row.fits else f"max {row.max_micro_batch}",
-            _duration(row.epoch_hours) if row.fits else "—",
-            (_duration(row.total_hours) + (" (measured)" if row.measured else "")) if row.fits else "—",
-            " / ".join(_money(v) for v in (row.cost_on_demand, row.cost_spot, row.cost_monthly)), where)
-    console.print(table)
+    _print_cards(advice, console)
     cpu = next(r for r in advice.rows if r.kind == "cpu")
     console.print(f"[dim]this machine: {report.machine['cpu_model']}, {report.machine['torch_threads']} torch "
                   f"threads, {_bytes(report.machine['ram_available_bytes'])} RAM available; "
@@ -98,6 +78,55 @@ def print_report(report, console: Console) -> None:
                   f"{_bytes(advice.disk_bytes)}.")
     console.print(f"[dim]Prices are defaults to check (as of {data['prices']['as_of']}): verify them on each "
                   "provider's page, or pass your own with --prices FILE.[/]")
+
+
+def _print_cards(advice, console: Console) -> None:
+    """One row per option. The full table when the terminal holds it; otherwise the columns that decide
+    (fits, memory, time, cost) and each option's detail on a line of its own below, so that nothing wraps
+    into three lines or loses the end of an instance name."""
+    cells = [_cells(row, advice.currency) for row in advice.rows + advice.multi_gpu]
+    wide = Table("card", "fits", "needs / has", "micro × accum", "per epoch", "total",
+                 f"{advice.currency} on-demand / spot / month", "cheapest offer", box=None)
+    for c in cells:
+        wide.add_row(c["name"], c["fits"], c["memory"], c["batch"], c["epoch"], c["total"], c["costs"], c["offer"])
+    if Measurement.get(console, console.options.update_width(10_000), wide).maximum <= console.width:
+        console.print(wide)
+        return
+    narrow = Table("card", "fits", "needs / has", "total", f"{advice.currency} on-demand", box=None)
+    for c in cells:
+        narrow.add_row(c["name"], c["fits"], c["memory"], c["total"], c["on_demand"])
+    for column in narrow.columns:
+        column.no_wrap = True
+    console.print(narrow)
+    console.print(f"[dim]cheapest offer; micro-batch × accumulation, time per epoch, {advice.currency} spot "
+                  "and monthly cost (a wider terminal shows them in the table):[/]")
+    for c in cells:
+        console.print(f"  {c['name']}: {c['offer']}; {c['batch']}, {c['epoch']} per epoch, {c['spot_month']}",
+                      highlight=False)
+
+
+def _cells(row, currency: str) -> dict[str, str]:
+    name = row.name if row.cards == 1 else f"{row.cards}× {row.name} {row.strategy.upper()}"
+    if row.kind == "cpu":
+        name = "[bold]this machine (CPU)[/]"
+    elif row.note == "this machine":
+        name = f"[bold]{name} (this machine)[/]"
+    offer, where = row.offer, "—"
+    if offer:
+        where = f"{offer['provider']} {offer['instance']}"
+        if offer["gpus"] != row.cards:
+            where += f" ({offer['gpus']} GPUs: {_duration(offer['hours'])})"
+    return {
+        "name": name, "fits": "[green]yes[/]" if row.fits else "[red]no[/]",
+        "memory": f"{_bytes(row.needed_bytes)} / {_bytes(row.memory_bytes)}",
+        "batch": f"{row.micro_batch_size} × {row.accumulation_steps}" if row.fits else f"max {row.max_micro_batch}",
+        "epoch": _duration(row.epoch_hours) if row.fits else "—",
+        "total": (_duration(row.total_hours) + (" (measured)" if row.measured else "")) if row.fits else "—",
+        "costs": " / ".join(_money(v) for v in (row.cost_on_demand, row.cost_spot, row.cost_monthly)),
+        "on_demand": _money(row.cost_on_demand),
+        "spot_month": f"spot {_money(row.cost_spot)}, month {_money(row.cost_monthly)}",
+        "offer": where,
+    }
 
 
 def _bytes(n: float) -> str:

@@ -20,7 +20,7 @@ from trainwise.telemetry.nvml import open_nvml
 from trainwise.telemetry.sampler import HostMeter, read_sample
 
 GIB = 2**30
-FIRST_READING_WAIT_S = 0.5  # CPU % and disk rates need a short window before the first reading
+FIRST_READING_WAIT_S = 0.5  # CPU % and disk rates need a window before the first reading; --once waits it in full
 SHOWN_ALERTS = 5
 MIN_INTERVAL_S = 0.1
 
@@ -41,7 +41,7 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
     alerts: list[Alert] = []
     live = None
     try:
-        time.sleep(min(interval_s, FIRST_READING_WAIT_S))
+        time.sleep(FIRST_READING_WAIT_S if once else min(interval_s, FIRST_READING_WAIT_S))
         if not as_json:
             live = Live(console=console, auto_refresh=False, transient=False)
             live.start()
@@ -53,9 +53,9 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
                 log.write(json.dumps(sample) + "\n")
                 log.flush()
             if as_json:
-                console.print_json(json.dumps(sample)) if once else print(json.dumps(sample), flush=True)
+                print(json.dumps(sample), flush=True)  # one line per sample, --once included
             else:
-                live.update(render(sample, nvml_error, alerts), refresh=True)
+                live.update(render(sample, nvml_error, alerts, live=limit != 1), refresh=True)
             if limit is not None and len(samples) >= limit:
                 break
             time.sleep(interval_s)
@@ -71,8 +71,9 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
     return samples
 
 
-def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[Alert] = ()) -> Group:
-    """The monitor screen for one sample."""
+def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[Alert] = (),
+           live: bool = True) -> Group:
+    """The monitor screen for one sample; `live=False` (one sample, then exit) has no "Ctrl-C to quit"."""
     parts: list[Any] = []
     gpus = sample.get("gpus") or []
     if gpus:
@@ -94,7 +95,8 @@ def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[A
                       f"{'?' if disk is None else f'{disk / 2**20:.1f} MB/s'}"))
     for a in alerts:
         parts.append(Text(f"{a.severity}: {a.message}", style="red" if a.severity == "error" else "yellow"))
-    parts.append(Text(time.strftime("%H:%M:%S", time.localtime(sample["time"])) + "  Ctrl-C to quit", style="dim"))
+    clock = time.strftime("%H:%M:%S", time.localtime(sample["time"]))
+    parts.append(Text(clock + ("  Ctrl-C to quit" if live else ""), style="dim"))
     return Group(*parts)
 
 

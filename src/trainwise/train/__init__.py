@@ -10,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Trainer": "trainer", "Callback": "callbacks", "build_trainer": "run", "train_run": "run",
-    "resume_run": "run", "predict": "evaluation", "read_checkpoint": "checkpoint",
+    "resume_run": "run", "predict": "evaluation", "headline_metrics": "evaluation", "read_checkpoint": "checkpoint",
     "resolve_device": "device", "choose_precision": "precision", "resolve_precision": "precision",
 }
 

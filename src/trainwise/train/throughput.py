@@ -20,7 +20,7 @@ from trainwise.train.precision import autocast, resolve_precision
 
 
 def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch_size: int,
-               steps: int = 8) -> float:
+               steps: int = 8, warmup: int = 2) -> float:
     """Samples/s of forward + backward + optimizer steps (the recipe's) on one random batch on `device`."""
     from trainwise.recipes.factories import build_model
 
@@ -42,7 +42,7 @@ def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch
         loss.backward()
         optimizer.step()
 
-    for _ in range(2):  # warm-up: allocator, cuDNN autotune
+    for _ in range(warmup):  # allocator, cuDNN autotune
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -57,7 +57,7 @@ def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch
 def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers: list[int | str] | None = None,
                    batch_size: int | None = None, split: str = "train", seconds: float = 2.0,
                    device: str | None = None, overrides: list[str] | None = None,
-                   model_steps: int = 8) -> BenchResult:
+                   quick: bool = False) -> BenchResult:
     """`trainwise data bench`: the loader at each worker count against the recipe's model, and the verdict."""
     from trainwise.recipes import load_recipe
 
@@ -65,6 +65,7 @@ def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers:
     config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
     torch_device = resolve_device(device or config.train.device)
     return bench(directory, config, lambda spec, batch: model_rate(config, spec, device=torch_device,
-                                                                   batch_size=batch, steps=model_steps),
+                                                                   batch_size=batch, steps=1 if quick else 8,
+                                                                   warmup=1 if quick else 2),
                  recipe=recipe, device=torch_device, workers=workers, batch_size=batch_size, split=split,
                  seconds=seconds)

@@ -1,0 +1,160 @@
+"""A user's first hour: `prepare` says what to run next, `data bench` is quick and recommends what it measured
+best, with the numbers."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+from PIL import Image
+
+from tests.conftest import invoke
+
+
+def _photos(root, per_class=20):
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("cat", "dog")):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(70 + 110 * c, 20, (24, 24, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+def _table(path, rows=200):
+    lines = ["x,kind,label"] + [f"{i % 7},{'ab'[i % 2]},{i % 3}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _next_command(stdout: str) -> list[str]:
+    line = next(line for line in stdout.splitlines() if line.startswith("Next: trainwise train "))
+    return shlex.split(line.removeprefix("Next: trainwise ").split(" (")[0])
+
+
+def test_prepare_ends_with_a_train_command_whose_batch_fits_a_small_image_set(tmp_path, capsys):
+    out = tmp_path / "prepared"
+    result = invoke(capsys, "prepare", str(_photos(tmp_path / "photos")), "--to", str(out), "--size", "16",
+                    "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    command = _next_command(result.stdout)
+    assert command[:3] == ["train", "image-folder", f"data.path={out}"] and "--out" in command
+    batch = int(next(arg for arg in command if arg.startswith("train.batch_size=")).split("=")[1])
+    train_count = json.loads((out / "manifest.json").read_text())["splits"]["train"]["count"]
+    assert batch < 128 and train_count // batch >= 4  # the recipe's 128 would not fill one batch
+    # the suggestion runs as printed
+    run = tmp_path / "run"
+    command[command.index("--out") + 1] = str(run)
+    trained = invoke(capsys, *command, "train.epochs=1", "telemetry.enabled=false")
+    assert trained.returncode == 0, trained.stderr
+    # asked again, an up-to-date dataset still says what comes next
+    again = invoke(capsys, "prepare", str(tmp_path / "photos"), "--to", str(out), "--size", "16")
+    assert "up to date" in again.stdout and _next_command(again.stdout) == _next_command(result.stdout)
+
+
+def test_prepare_of_a_table_keeps_the_recipe_batch_when_the_set_holds_it(tmp_path, capsys):
+    out = tmp_path / "t"
+    result = invoke(capsys, "prepare", str(_table(tmp_path / "t.csv", rows=2000)), "--to", str(out))
+    assert result.returncode == 0, result.stderr
+    assert _next_command(result.stdout) == ["train", "table", f"data.path={out}", "--out", "runs/t"]
+
+
+def test_data_bench_is_quick_by_default_and_recommends_the_fastest_setting(tmp_path, capsys):
+    from trainwise.data.bench import worker_counts
+
+    out = tmp_path / "t"
+    assert invoke(capsys, "prepare", str(_table(tmp_path / "t.csv")), "--to", str(out)).returncode == 0
+    result = invoke(capsys, "data", "bench", str(out), "--device", "cpu", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    rates = data["loader_samples_per_s"]
+    assert list(rates) == [str(c) for c in worker_counts(quick=True)] and len(rates) <= 3
+    assert rates[data["recommended_num_workers"]] >= 0.95 * max(rates.values())
+    assert f"{rates[data['recommended_num_workers']]:,.0f} samples/s" in data["message"]
+    table = invoke(capsys, "data", "bench", str(out), "--device", "cpu", "--workers", "0", "--seconds", "0.1")
+    assert "num_workers=0 loaded the most" in " ".join(table.stdout.split())
+    assert invoke(capsys, "data", "bench", str(out), "--seconds", "0").returncode == 2
+
+
+def _commands():
+    import typer
+
+    from trainwise.cli import app
+
+    def walk(command, path):
+        subcommands = getattr(command, "commands", None)
+        if subcommands is None:
+            yield path
+            return
+        for name, sub in subcommands.items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+READ_COMMANDS = [["recipes"], ["plan"], ["doctor"], ["monitor"], ["explain"], ["diagnose"], ["eval"], ["compare"],
+                 ["data", "verify"], ["data", "bench"]]
+
+
+def test_help_shows_flags_as_flags_and_every_read_command_has_json():
+    from typer.testing import CliRunner
+
+    from trainwise.cli import app
+
+    commands = _commands()
+    assert all(read in commands for read in READ_COMMANDS), commands
+    for command in [[], *commands]:
+        shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (command, shown.output)
+        assert "<bool>" not in shown.output, (command, shown.output)  # `--json <bool>` reads as taking a value
+        if command in READ_COMMANDS:
+            assert "--json" in shown.output, command
+
+
+def test_data_verify_json_for_a_sound_and_a_damaged_dataset(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert invoke(capsys, "prepare", str(_table(tmp_path / "t.csv")), "--to", str(out)).returncode == 0
+    sound = invoke(capsys, "data", "verify", str(out), "--json")
+    assert sound.returncode == 0, sound.stderr
+    report = json.loads(sound.stdout)
+    assert report["ok"] and report["files"] > 0 and report["damaged"] == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    shard = out / manifest["splits"]["train"]["shards"][0]["files"]["inputs"]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    damaged = invoke(capsys, "data", "verify", str(out), "--json")
+    assert damaged.returncode == 2 and "damaged" in damaged.stderr
+    report = json.loads(damaged.stdout)
+    assert not report["ok"] and report["damaged"][0]["file"].endswith(shard.name)
+
+
+def test_recipes_json_lists_the_built_in_recipes(capsys):
+    listed = invoke(capsys, "recipes", "--json")
+    assert listed.returncode == 0
+    assert {"digits", "breast-cancer", "table", "image-folder"} <= set(json.loads(listed.stdout))
+
+
+def test_compare_refuses_a_single_run_and_says_what_to_use_instead(tmp_path, capsys):
+    result = invoke(capsys, "compare", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "two or more run directories" in result.stderr and f"trainwise eval {tmp_path / 'run'}" in result.stderr
+
+
+def test_data_bench_quick_default_times_few_model_steps_and_full_times_more(tmp_path, capsys, monkeypatch):
+    import trainwise.data.bench as data_bench
+    import trainwise.train.throughput as throughput
+
+    out = tmp_path / "t"
+    assert invoke(capsys, "prepare", str(_table(tmp_path / "t.csv")), "--to", str(out)).returncode == 0
+    asked = []
+    monkeypatch.setattr(throughput, "model_rate", lambda *a, steps, warmup, **k: asked.append((steps, warmup)) or 1.0)
+    timed = []
+    monkeypatch.setattr(data_bench, "loader_rate", lambda *a, seconds, **k: timed.append(seconds) or 100.0)
+    assert invoke(capsys, "data", "bench", str(out)).returncode == 0
+    assert asked == [(1, 1)] and set(timed) == {data_bench.QUICK_SECONDS} and len(timed) <= 3
+    asked.clear()
+    timed.clear()
+    assert invoke(capsys, "data", "bench", str(out), "--full").returncode == 0
+    assert asked == [(8, 2)] and set(timed) == {data_bench.FULL_SECONDS}
+    assert len(timed) == len(data_bench.worker_counts())
