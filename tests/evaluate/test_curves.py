@@ -1,4 +1,5 @@
-"""Curve findings from metrics.jsonl records: each fires on the curve it names, and only there."""
+"""Curve findings from metrics.jsonl records, through the names evaluation imports (the rules are the
+diagnose stage's): each fires on the curve it names, and only there."""
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ def _records(train_loss, val_loss, *, every=10, val_every=50, **val_extra):
 
 
 def _kinds(analysis):
-    return [f.kind for f in analysis.findings]
+    return [f.code for f in analysis.findings]
 
 
 def test_healthy_converging_run_has_no_findings():
@@ -33,13 +34,13 @@ def test_healthy_converging_run_has_no_findings():
 def test_overfitting_points_at_the_best_step_with_numbers():
     records = _records(lambda s: math.exp(-s / 80), lambda s: 0.3 + (s - 200) ** 2 / 1e5)
     [finding] = analyse_curves(records).findings
-    assert finding.kind == "overfitting" and finding.severity == "warning"
+    assert finding.code == "overfitting" and finding.severity == "warn"
     assert finding.evidence["best_step"] == 200 and finding.evidence["evals_since_best"] == 6
     assert finding.evidence["gap_at_end"] > finding.evidence["gap_at_best"]
-    assert "Stop at step 200" in finding.recommendation and "early_stopping" in finding.recommendation
+    assert "Stop at step 200" in finding.fixes[0] and "early_stopping" in finding.fixes[0]
     # with early stopping on, it was already handled: the advice changes and it is no longer a warning
     caught = analyse_curves(records, early_stopping=True).findings[0]
-    assert caught.severity == "info" and "checkpoint `best`" in caught.recommendation
+    assert caught.severity == "info" and "checkpoint `best`" in caught.fixes[0]
 
 
 def test_val_loss_rising_while_train_loss_also_rises_is_not_called_overfitting():
@@ -47,23 +48,28 @@ def test_val_loss_rising_while_train_loss_also_rises_is_not_called_overfitting()
     assert "overfitting" not in _kinds(analyse_curves(records))
 
 
-def test_underfitting_high_and_flat():
-    records = _records(lambda s: 0.69 - s / 1e5, lambda s: 0.70)
+def test_underfitting_fell_a_little_then_levelled_off():
+    records = _records(lambda s: 0.69 * (0.75 + 0.25 * math.exp(-s / 100)), lambda s: 0.56)
     analysis = analyse_curves(records)
-    assert "underfitting" in _kinds(analysis)
-    finding = analysis.findings[_kinds(analysis).index("underfitting")]
-    assert finding.evidence["share_kept"] > 0.9 and "optim.lr" in finding.recommendation
+    assert _kinds(analysis) == ["underfitting"]
+    finding = analysis.findings[0]
+    assert 0.7 < finding.evidence["share_kept"] < 0.9 and "optim.lr" in finding.fixes[0]
+
+
+def test_a_loss_that_does_not_fall_is_flat_not_underfitting():
+    analysis = analyse_curves(_records(lambda s: 0.69 - s / 1e5, lambda s: 0.70))
+    assert _kinds(analysis) == ["loss_flat"] and analysis.findings[0].evidence["drop"] < 0.1
 
 
 def test_divergence_nonfinite_loss_is_an_error_at_its_step():
     records = _records(lambda s: float("nan") if s >= 300 else 1 / s, lambda s: 0.5)
-    [finding] = [f for f in analyse_curves(records).findings if f.kind == "divergence"]
-    assert finding.severity == "error" and finding.step == 300 and "optim.lr" in finding.recommendation
+    [finding] = [f for f in analyse_curves(records).findings if f.code == "loss_nonfinite"]
+    assert finding.severity == "error" and finding.step == 300 and "optim.lr" in finding.fixes[0]
 
 
 def test_divergence_loss_climbing_above_its_start():
     records = _records(lambda s: 1.0 - s / 500 if s < 200 else 0.6 + (s - 200) / 100, lambda s: 0.5)
-    [finding] = [f for f in analyse_curves(records).findings if f.kind == "divergence"]
+    [finding] = [f for f in analyse_curves(records).findings if f.code == "loss_diverging"]
     assert finding.evidence["min_step"] <= 200 and finding.evidence["last_loss"] > finding.evidence["start_loss"]
     assert finding.evidence["lr_at_turn"] == 1e-3
 
@@ -74,7 +80,7 @@ def test_noisy_validation_zigzag():
     analysis = analyse_curves(records)
     assert "noisy_validation" in _kinds(analysis)
     finding = analysis.findings[_kinds(analysis).index("noisy_validation")]
-    assert finding.evidence["direction_changes"] >= 7 and "val_fraction" in finding.recommendation
+    assert finding.evidence["direction_changes"] >= 7 and "val_fraction" in finding.fixes[0]
 
 
 def test_best_point_follows_the_monitor_direction():
@@ -89,7 +95,7 @@ def test_still_improving_suggests_training_longer():
     records = _records(lambda s: 2 * math.exp(-s / 300), lambda s: 2 * math.exp(-s / 300) + 0.1)
     analysis = analyse_curves(records)
     assert _kinds(analysis) == ["still_improving"]
-    assert "max_steps" in analysis.findings[0].recommendation
+    assert "max_steps" in analysis.findings[0].fixes[0]
     assert np.isfinite(analysis.to_dict()["best"]["value"])
 
 

@@ -1,7 +1,10 @@
-"""`trainwise explain`: read a crash log, say what went wrong and how to fix it."""
+"""`trainwise explain`: read a crash log, say what went wrong and how to fix it.
+`trainwise diagnose`: every finding about a run directory, worst first.
+`trainwise lr-find`: the learning-rate range test of a recipe."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -23,6 +26,118 @@ def register(app: typer.Typer) -> None:
     from trainwise.diagnose.explain import CATEGORIES
 
     app.command(epilog="Categories (`category` in --json): " + ", ".join(CATEGORIES) + ".")(explain)
+    app.command()(diagnose)
+    app.command()(check)
+    app.command("lr-find")(lr_find)
+
+
+SEVERITY_STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}
+
+
+def diagnose(
+    run_dir: str = typer.Argument(..., metavar="RUN", help="A run directory written by `trainwise train`."),
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object on one line: {"run", "findings"}, '
+                                 "each finding with code, severity, title, detail, evidence, fixes, step."),
+) -> None:
+    """Diagnose a run from its directory: convergence, over/underfitting, slow training, memory leaks and
+    GPU hardware, worst first, each with the step, the numbers and the fixes (simplest first). Exit 0 with
+    or without findings; 2 when RUN is not a run directory or has no metrics yet."""
+    from trainwise.diagnose.run_rules import diagnose_run
+
+    findings = diagnose_run(run_dir)
+    if as_json:
+        print(json.dumps(_finite({"run": str(run_dir), "findings": [f.to_dict() for f in findings]}),
+                         allow_nan=False))
+        return
+    console = Console()
+    if not findings:
+        console.print(Text(f"{run_dir}: no findings: the curves, throughput, memory and GPUs look healthy."))
+        return
+    table = Table("severity", "code", "step", "finding", "first fix", box=None, header_style="bold")
+    for f in findings:
+        table.add_row(Text(f.severity, style=SEVERITY_STYLE[f.severity]), Text(f.code),
+                      "" if f.step is None else str(f.step), Text(f"{f.title}\n{f.detail}"),
+                      Text(f.fixes[0] if f.fixes else ""))
+    console.print(table)
+    console.print(Text(f"{len(findings)} finding(s); `trainwise diagnose {run_dir} --json` gives the evidence "
+                       "and every fix.", style="dim"))
+
+
+def check(
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides of the recipe, e.g. "
+                                                    "optim.lr=3e-4."),
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object on one line: {"recipe", "findings"}.'),
+) -> None:
+    """Sanity-check a recipe before training: labels per split (missing classes, one class, extreme
+    imbalance), inputs (NaN/Inf, constant features, unnormalised scale, rows duplicated between train and
+    test) and an overfit-one-batch probe of the model, loss and optimizer. Exit 0 when nothing is an error,
+    1 when something is (do not train yet), 2 on bad input."""
+    from trainwise.diagnose.sanity import sanity_check
+    from trainwise.recipes import load_recipe
+
+    findings = sanity_check(load_recipe(recipe, overrides or []))
+    if as_json:
+        print(json.dumps(_finite({"recipe": recipe, "findings": [f.to_dict() for f in findings]}), allow_nan=False))
+    else:
+        _print_findings(Console(), findings)
+    if any(f.severity == "error" for f in findings):
+        raise typer.Exit(1)
+
+
+def _print_findings(console: Console, findings) -> None:
+    table = Table("severity", "code", "finding", "first fix", box=None, header_style="bold")
+    for f in findings:
+        table.add_row(Text(f.severity, style=SEVERITY_STYLE[f.severity]), Text(f.code),
+                      Text(f"{f.title}\n{f.detail}"), Text(f.fixes[0] if f.fixes else ""))
+    console.print(table)
+
+
+def _finite(value):
+    """NaN/Inf as strings (a NaN loss is evidence): strict JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def lr_find(
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides of the recipe, e.g. "
+                                                    "optim.name=sgd train.batch_size=64."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for lr_find.json and lr_find.png."),
+    overwrite: bool = typer.Option(False, help="Write into an existing, non-empty --out."),
+    min_lr: float = typer.Option(1e-6, help="First learning rate of the sweep."),
+    max_lr: float = typer.Option(1.0, help="Last learning rate, reached only if the loss never diverges."),
+    steps: Optional[int] = typer.Option(None, help="Steps of the sweep (default: 8 epochs, 50 to 100)."),
+) -> None:
+    """Find a learning rate: train a copy of the recipe's model while raising the rate exponentially from
+    --min-lr to --max-lr, stop when the smoothed loss diverges, and suggest the rate at the loss's minimum
+    divided by 10, with the override to use. Writes lr_find.json (the curve) and lr_find.png into --out;
+    nothing else. Exit 2 on bad input (a non-empty --out, a recipe without a loss), with nothing written."""
+    from trainwise.diagnose import lr_find as finder
+    from trainwise.recipes import load_recipe
+
+    settings = finder.SweepSettings(min_lr=min_lr, max_lr=max_lr, steps=steps)
+    settings.check()
+    finder.refuse_out_dir(out, overwrite=overwrite)  # fail fast, before the sweep
+    config = load_recipe(recipe, overrides or [])
+    result = finder.lr_find_config(config, settings)
+    json_path, png_path = finder.write_outputs(result, out)
+    console = Console()
+    console.print(Text.assemble(("suggested learning rate: ", "bold"), f"{result.suggestion:.3g}   ",
+                                ("override: ", "bold"), result.override))
+    stop = "stopped at divergence" if result.diverged else "no divergence"
+    console.print(Text(f"{len(result.lrs)} of {result.steps_planned} steps, lr {result.lrs[0]:.2g} to "
+                       f"{result.lrs[-1]:.3g} ({stop}); rule: {result.rule}.", style="dim"))
+    if result.note:
+        console.print(Text("note: " + result.note, style="yellow"))
+    console.print(Text(f"curve: {json_path}  plot: {png_path}"))
+    console.print(Text(f"train with it: trainwise train {recipe} {' '.join(overrides or [])} "
+                       f"{result.override} --out runs/NAME".replace("  ", " ")))
 
 
 def explain(

@@ -1,8 +1,9 @@
 """`trainwise report RUN`: one self-contained file built from the run directory alone.
 
 HTML (inline PNG figures and CSS, nothing fetched) or Markdown (for terminals and pull requests). Sections:
-summary and status, warnings, diagnosis (the diagnose stage's findings), evaluation (headline metrics beside their baseline, per-class
-table, confusion matrix, calibration), training curves, system telemetry, events, the resolved config.
+summary and status, warnings, diagnosis (the diagnose stage's findings), evaluation (headline metrics beside
+their baseline, per-class table, confusion matrix, calibration), training curves, system telemetry, events,
+the resolved config.
 """
 from __future__ import annotations
 

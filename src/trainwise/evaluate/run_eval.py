@@ -2,7 +2,9 @@
 
 Writes RUN/eval/metrics.json (every metric, the warnings, which split and weights), a confusion-matrix CSV
 (classification) and one CSV row per prediction. The latest evaluation of a run replaces the previous one;
-metrics.json says which split and checkpoint it measured.
+metrics.json says which split and checkpoint it measured. A split that knows how to judge a model itself
+(`dataset.evaluate_model`: a recommender's held-out queries, ranked against the whole catalogue in chunks)
+is measured that way instead of by collecting every output.
 """
 from __future__ import annotations
 
@@ -65,16 +67,19 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     except RuntimeError as e:
         raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
                           f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
-    outputs, targets = predict(model, dataset, device=resolve_device(device))
-
-    task = get_task(bundle.spec.task)
-    metrics = task.metrics(outputs, targets, bundle.spec.class_names)
+    own_evaluation = getattr(dataset, "evaluate_model", None)
+    if own_evaluation is not None:  # a recommender's held-out queries rank the whole catalogue, in chunks
+        metrics, predictions = own_evaluation(model, device=resolve_device(device))
+    else:
+        outputs, targets = predict(model, dataset, device=resolve_device(device))
+        task = get_task(bundle.spec.task)
+        metrics = task.metrics(outputs, targets, bundle.spec.class_names)
+        predictions = task.predictions(outputs, targets, bundle.spec.class_names)
     live = run.liveness_note()
     notes_found = [_note("checkpoint_fallback", n) for n in notes] + ([_note("run_in_progress", live)] if live else [])
     result = {"run": str(run.path), "split": split, "checkpoint": checkpoint, "weights": str(weights),
               "step": step, **metrics, "warnings": notes_found + metric_warnings(metrics)}
-    result["files"] = {k: str(v) for k, v in _write_eval(run, result, task.predictions(
-        outputs, targets, bundle.spec.class_names)).items()}
+    result["files"] = {k: str(v) for k, v in _write_eval(run, result, predictions).items()}
     return result
 
 

@@ -1,0 +1,182 @@
+"""Before training: what the labels and inputs of each split say, as findings.
+
+Pure over tensors (`SplitData` per split: inputs and targets as the dataset holds them). Labels: the
+distribution per split, classes missing from val/test, one class only, extreme imbalance. Inputs: NaN/Inf,
+constant features, an unnormalised scale, rows of the test (or val) split duplicated in train (leakage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainwise.diagnose.findings import Finding
+
+# Majority/minority class count in train at or above this is extreme: a model can ignore the minority
+# class and still score high accuracy (1:20 is where resampling or class weights become necessary).
+IMBALANCE_RATIO = 20.0
+# Feature magnitudes a network takes as they are: standardised features are within a few units; raw
+# measurements in the hundreds or thousands saturate activations and make one LR wrong for every feature.
+MAX_FEATURE_SCALE = 100.0
+# Duplicated rows between train and test: a few are coincidence in discretised data; past this share the
+# test score measures memory, not generalisation.
+LEAKAGE_ERROR_SHARE = 0.05
+SHOWN = 5  # indices quoted in evidence
+
+
+@dataclass(frozen=True)
+class SplitData:
+    name: str  # train, val or test
+    inputs: torch.Tensor  # (rows, ...) as the model receives them
+    targets: torch.Tensor | None
+
+
+def data_findings(splits: list[SplitData], *, task: str = "classification", num_classes: int | None = None,
+                  class_names: tuple[str, ...] | None = None) -> list[Finding]:
+    found: list[Finding | None] = []
+    if task == "classification":
+        found += label_findings(splits, num_classes, class_names)
+    found += [nonfinite_inputs(splits), constant_features(splits), unnormalised_scale(splits), leakage(splits)]
+    return [f for f in found if f is not None]
+
+
+def label_findings(splits: list[SplitData], num_classes: int | None,
+                   class_names: tuple[str, ...] | None = None) -> list[Finding | None]:
+    counts = {s.name: _counts(s.targets, num_classes) for s in splits if s.targets is not None}
+    if "train" not in counts:
+        return []
+    classes = len(counts["train"])
+    name = (lambda c: class_names[c]) if class_names and len(class_names) >= classes else str
+    distribution = {split: {name(c): n for c, n in enumerate(row)} for split, row in counts.items()}
+    found: list[Finding | None] = [Finding(
+        "label_distribution", "info", "labels per split: " + "; ".join(
+            f"{split} {sum(row)} rows, {sum(1 for n in row if n)} classes" for split, row in counts.items()),
+        "; ".join(f"{split}: " + ", ".join(f"{c} {n}" for c, n in row.items()) for split, row in distribution.items()),
+        {"counts": distribution})]
+    train = counts["train"]
+    present = [c for c, n in enumerate(train) if n]
+    if len(present) == 1:
+        found.append(Finding(
+            "single_class_labels", "error", f"every train label is class {name(present[0])}",
+            f"All {train[present[0]]} train rows carry the same label: the model can reach zero loss by always "
+            "answering it, and learns nothing about the inputs.", {"class": name(present[0]), "rows": train[present[0]],
+                                                                  "num_classes": classes},
+            ("Check how labels are read: a column mix-up or a label that was overwritten gives one class.",
+             "Check the split: a split by a sorted column can put one class in train.")))
+        return found
+    rare, common = min(present, key=lambda c: train[c]), max(present, key=lambda c: train[c])
+    ratio = train[common] / train[rare]
+    if ratio >= IMBALANCE_RATIO:
+        found.append(Finding(
+            "class_imbalance", "warn", f"extreme class imbalance: {ratio:.0f}:1 in train",
+            f"Class {name(common)} has {train[common]} train rows, class {name(rare)} only {train[rare]}: accuracy "
+            f"can be {train[common] / sum(train):.0%} by never predicting the rare class.",
+            {"majority_class": name(common), "majority_rows": train[common], "minority_class": name(rare),
+             "minority_rows": train[rare], "ratio": ratio, "threshold": IMBALANCE_RATIO},
+            ("Judge the model by balanced accuracy and per-class recall (`trainwise eval` shows both).",
+             "Weight the loss by class, or oversample the rare class.", "Collect more rows of the rare class.")))
+    missing = {split: [name(c) for c in present if c >= len(row) or row[c] == 0]
+               for split, row in counts.items() if split != "train"}
+    missing = {split: names for split, names in missing.items() if names}
+    if missing:
+        found.append(Finding(
+            "classes_missing_from_split", "warn", "classes missing from " + ", ".join(missing),
+            "; ".join(f"{split} has no rows of class(es) {', '.join(names)}" for split, names in missing.items())
+            + ": their recall there cannot be measured.",
+            {"missing": missing, "counts": distribution},
+            ("Split stratified by label (the built-in data sets do), or enlarge the small split.",)))
+    return found
+
+
+def nonfinite_inputs(splits: list[SplitData]) -> Finding | None:
+    bad = {}
+    for s in splits:
+        if s.inputs.is_floating_point():
+            rows = (~torch.isfinite(s.inputs.reshape(len(s.inputs), -1))).any(dim=1)
+            if rows.any():
+                bad[s.name] = {"rows": int(rows.sum()), "first_rows": rows.nonzero()[:SHOWN, 0].tolist()}
+    if not bad:
+        return None
+    return Finding(
+        "nonfinite_inputs", "error", "NaN or Inf in the inputs: " + ", ".join(f"{n} rows of {s}" for s, n in
+                                                                             ((s, v["rows"]) for s, v in bad.items())),
+        "A single NaN input makes its batch's loss NaN, and one NaN update ruins every weight.", bad,
+        ("Fill or drop missing values before training (median per feature for tables).",
+         "Look for a division by zero in the preprocessing (a std of 0 for a constant feature)."))
+
+
+def constant_features(splits: list[SplitData]) -> Finding | None:
+    train = _train(splits)
+    if train is None or train.inputs.ndim != 2 or len(train.inputs) < 2:  # image pixels may be constant
+        return None
+    x = train.inputs.float()
+    constant = (x == x[0]).all(dim=0).nonzero()[:, 0].tolist()
+    if not constant:
+        return None
+    return Finding(
+        "constant_features", "info", f"{len(constant)} of {x.shape[1]} features are constant in train",
+        "A feature with one value carries no information; after standardisation it can become NaN (std 0).",
+        {"features": constant[:20], "count": len(constant), "of": x.shape[1]},
+        ("Drop the constant features, or check why they do not vary (a join that failed, a fill value).",))
+
+
+def unnormalised_scale(splits: list[SplitData]) -> Finding | None:
+    train = _train(splits)
+    if train is None or not train.inputs.is_floating_point() or len(train.inputs) < 2:
+        return None
+    x = train.inputs.reshape(len(train.inputs), -1).float()
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    scale = x.abs().amax(dim=0)
+    worst = int(scale.argmax())
+    largest = float(scale[worst])
+    if largest <= MAX_FEATURE_SCALE:
+        return None
+    return Finding(
+        "unnormalised_inputs", "warn", f"inputs are not normalised: values up to {largest:.3g}",
+        f"Feature {worst} reaches {largest:.3g} (mean {float(x[:, worst].mean()):.3g}, std "
+        f"{float(x[:, worst].std()):.3g}); {int((scale > MAX_FEATURE_SCALE).sum())} of {x.shape[1]} features exceed "
+        f"{MAX_FEATURE_SCALE:g}. Large inputs saturate activations and make one learning rate wrong for all.",
+        {"feature": worst, "max_abs": largest, "features_over": int((scale > MAX_FEATURE_SCALE).sum()),
+         "threshold": MAX_FEATURE_SCALE},
+        ("Standardise tables with train's mean and std; scale image pixels to [0, 1].",))
+
+
+def leakage(splits: list[SplitData]) -> Finding | None:
+    train = _train(splits)
+    if train is None:
+        return None
+    seen = {_row_key(row) for row in train.inputs.reshape(len(train.inputs), -1)}
+    leaks = {}
+    for s in splits:
+        if s.name == "train" or len(s.inputs) == 0:
+            continue
+        dup = [i for i, row in enumerate(s.inputs.reshape(len(s.inputs), -1)) if _row_key(row) in seen]
+        if dup:
+            leaks[s.name] = {"rows": len(dup), "of": len(s.inputs), "share": len(dup) / len(s.inputs),
+                             "first_rows": dup[:SHOWN]}
+    if not leaks:
+        return None
+    worst = max(v["share"] for v in leaks.values())
+    return Finding(
+        "train_test_leakage", "error" if worst >= LEAKAGE_ERROR_SHARE else "warn",
+        "rows duplicated between train and " + ", ".join(leaks),
+        "; ".join(f"{v['rows']} of {v['of']} {split} rows ({v['share']:.1%}) also appear in train"
+                  for split, v in leaks.items()) + ": the score on them measures memory, not generalisation.",
+        leaks, ("Deduplicate before splitting, or split by group (patient, user, source file) so copies stay "
+                "on one side.",))
+
+
+def _counts(targets: torch.Tensor | None, num_classes: int | None) -> list[int]:
+    labels = targets.reshape(-1).long()
+    size = max(num_classes or 0, int(labels.max()) + 1 if len(labels) else 0)
+    return torch.bincount(labels.clamp_min(0), minlength=size).tolist()
+
+
+def _train(splits: list[SplitData]) -> SplitData | None:
+    return next((s for s in splits if s.name == "train"), None)
+
+
+def _row_key(row: torch.Tensor) -> int:
+    """A 64-bit hash of the row's bytes: 50,000 image rows kept as bytes would hold hundreds of MB; a chance
+    collision among them (about 1 in 10^10) is far below any real leak."""
+    return hash(row.contiguous().numpy().tobytes())
