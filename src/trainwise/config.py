@@ -137,10 +137,23 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="Label smoothing for classification loss.")
     log_every: int = Field(10, gt=0, description="Optimizer steps between metric lines (and device syncs).")
     tf32: bool = Field(True, description="Allow TF32 matmuls on Ampere and newer cards in fp32.")
+    sanity: bool = Field(True, description="Run the sanity checks (`trainwise check`) before training: labels, "
+                         "inputs, train/test leakage, an overfit-one-batch probe; an error stops the run.")
     oom_policy: Literal["recover", "fail"] = Field("recover", description="On out-of-memory in a step: "
                                                    "`recover` halves the micro-batch (accumulating more, so the "
                                                    "effective batch is unchanged) and retries the same samples, "
                                                    "then tries gradient checkpointing; `fail` stops.")
+    strategy: Literal["auto", "single", "ddp", "fsdp"] = Field(
+        "auto", description="How the ranks of a torchrun job share the model. `single`: one process; `ddp`: a "
+        "full copy per rank, gradients all-reduced; `fsdp`: FSDP2, parameters, gradients and optimizer state "
+        "sharded block by block (your model's `fsdp_blocks()` method, when it has one, returns the modules to "
+        "shard), sharded checkpoints (these also resume on a different number of ranks). `auto`: single for one "
+        "process, ddp for several.")
+    fsdp_cpu_offload: bool = Field(False, description="Under fsdp on GPUs: keep the sharded parameters, gradients "
+                                   "and optimizer state in CPU memory (slower; for models that do not fit otherwise).")
+    dist_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600, description="Seconds a rank waits in a "
+                                  "collective for the others (a dead or stuck rank) before the run fails "
+                                  "instead of hanging.")
 
     @property
     def accumulation_steps(self) -> int:

@@ -46,7 +46,9 @@ def convergence_findings(records: list[dict[str, Any]], *, warmup_steps: int = 0
     if nonfinite is not None:
         return [nonfinite]  # every number after a NaN is meaningless
     train = [(s, v) for s, v in series(records, "train", "loss") if s > warmup_steps and math.isfinite(v)]
-    found = diverging(records, train) or oscillating(records, train) or flat(records, train, warmup_steps)
+    # flat before oscillating: batch-to-batch jitter of a loss that does not fall is not an overshooting
+    # optimizer, and "find a working LR" is the advice for both
+    found = diverging(records, train) or flat(records, train, warmup_steps) or oscillating(records, train)
     spikes = gradient_spikes(records, warmup_steps)
     if spikes is not None and (found is None or found.code != "loss_diverging"):
         return [f for f in (found, spikes) if f is not None]

@@ -25,6 +25,7 @@ class HostMeter:
 
         self._psutil = psutil
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement window
+        self._process = psutil.Process()
         self._disk, self._disk_time = self._disk_read_bytes(), time.monotonic()
 
     def read(self) -> dict[str, Any]:
@@ -35,7 +36,8 @@ class HostMeter:
             rate = max(0.0, (disk - self._disk) / (now - self._disk_time))
         self._disk, self._disk_time = disk, now
         return {"cpu_percent": self._psutil.cpu_percent(interval=None), "ram_used_bytes": memory.used,
-                "ram_total_bytes": memory.total, "ram_percent": memory.percent, "disk_read_bytes_per_s": rate}
+                "ram_total_bytes": memory.total, "ram_percent": memory.percent, "disk_read_bytes_per_s": rate,
+                "rss_bytes": self._process.memory_info().rss}  # this process: what a leak grows
 
     def _disk_read_bytes(self) -> int | None:
         try:

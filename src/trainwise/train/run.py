@@ -15,6 +15,8 @@ from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.run import RunDir
 from trainwise.train.callbacks import Callback
+from trainwise.train.live_diagnosis import SanityFindings
+from trainwise.train.checkpoint import latest_checkpoint
 from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
 
@@ -30,7 +32,14 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     seed_everything(config.seed)
     bundle = build_data(config)
     check_labels(bundle)
+    findings = []
+    if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
+        from trainwise.diagnose.sanity import raise_for_errors, sanity_check
+
+        findings = sanity_check(config, bundle)
+        raise_for_errors(findings)
     model = build_model(config, bundle.spec)
+    callbacks = [*callbacks, SanityFindings(findings)]
     return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
                    data_spec=bundle.spec, augment=bundle.augment)
 
@@ -60,7 +69,9 @@ def resume_run(path: str | Path, callbacks: Sequence[Callback] = ()) -> RunDir:
     if run.read_summary().get("status") == "completed":
         raise RunDirError(f"{run.path} already completed; there is nothing to resume. Train a new run with "
                           "more steps, or evaluate this one with `trainwise eval`.")
-    run.latest_intact_checkpoint()  # no intact checkpoint at all: say so before building anything
-    trainer = build_trainer(run.read_config(), run, callbacks)
+    config = run.read_config()
+    # no checkpoint to trust at all: say so before building anything
+    latest_checkpoint(run, sharded=config.train.strategy == "fsdp")
+    trainer = build_trainer(config, run, callbacks)
     trainer.fit(resume=True)
     return run

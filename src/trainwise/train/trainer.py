@@ -21,19 +21,19 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings
-from trainwise.errors import ConfigError, DamagedFileError, TrainingError
+from trainwise.errors import ConfigError, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
 from trainwise.train.device import resolve_device
-from trainwise.train.distributed import FollowerRunDir, agree, init_distributed
+from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
+                                         resolve_strategy, wrap_model)
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.evaluation import headline_metrics, predict
 from trainwise.train.health import HealthReading, StepHealth, health_problem
@@ -54,14 +54,16 @@ class Trainer:
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
-        self.ranks = init_distributed()  # one process, or one rank of a torchrun job
+        self.ranks = init_distributed(config.train.dist_timeout_s)  # one process, or one rank of a torchrun job
+        self.strategy = resolve_strategy(config.train.strategy, self.ranks)
+        self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
         self.task = data_spec.task if data_spec else "classification"
         self.device = resolve_device(config.train.device, self.ranks.local_rank if self.ranks.enabled else None)
         self.precision = resolve_precision(config.train.precision, self.device)
         self.tf32 = enable_tf32(self.device, config.train.tf32)
         self.model = model.to(self.device)
-        self.ddp = DistributedDataParallel(self.model) if self.ranks.enabled else None
-        self.forward = self.ddp if self.ddp is not None else self.model
+        self.forward, no_sync = wrap_model(self.model, self.strategy, self.ranks, device=self.device,
+                                           precision=self.precision, cpu_offload=config.train.fsdp_cpu_offload)
         if config.model.compile:
             self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
@@ -93,7 +95,7 @@ class Trainer:
                                     device=self.device, accumulation_steps=self.accumulation_steps,
                                     grad_clip_norm=train.grad_clip_norm, scaler=self.scaler, scheduler=self.scheduler,
                                     forward=self.forward,
-                                    no_sync=self.ddp.no_sync if self.ddp else None, augment=augment,
+                                    no_sync=no_sync, augment=augment,
                                     model_name=config.model.factory or config.model.name)
         self.health = StepHealth(self.device)
         self._outcome: StepOutcome | None = None
@@ -123,7 +125,7 @@ class Trainer:
         """Train to `max_steps` (or an early stop, or a signal). `resume=True` continues from `last`."""
         started = time.time()
         if resume:
-            choice = self.run_dir.latest_intact_checkpoint()  # `last`, or the newest step that verifies
+            choice = ckpt.choose(self)  # `last`, or the newest intact step; the same on every rank
             if choice.notice:
                 self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
             self._load(choice.path)
@@ -131,7 +133,8 @@ class Trainer:
             self.run_dir.write_config(self.config)
             self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in "
                                    f"{self.precision}", step=0, evidence={"device": str(self.device), "tf32": self.tf32,
-                                   "precision": self.precision, "accumulation_steps": self.accumulation_steps})
+                                   "precision": self.precision, "accumulation_steps": self.accumulation_steps,
+                                   "strategy": self.strategy, "ranks": self.ranks.world_size})
         self._write_summary("running", started)
         self.callbacks.on_fit_start(self)
         try:
@@ -144,9 +147,12 @@ class Trainer:
             self.callbacks.on_fit_end(self, summary)
             raise
         except BaseException as error:
-            summary = self._write_summary("failed", started, message=record_failure(self.run_dir, error, self.step))
+            failure = peer_lost(error, self.ranks, self.step + 1) or error  # not the model's fault: say whose
+            summary = self._write_summary("failed", started, message=record_failure(self.run_dir, failure, self.step))
             self.callbacks.on_fit_end(self, summary)
-            raise
+            if failure is error:
+                raise
+            raise failure from error
         return self._finish(started)
 
     def checkpoint_bytes(self) -> int:
@@ -199,8 +205,9 @@ class Trainer:
             elif not self.ranks.enabled:
                 self._take_signal(self._stop.requested if self._stop else None)  # a host flag: free
             del micro_batches
-            if log_due:
-                self._log_train(timer.flush())
+            if log_due:  # every rank logs on the same steps: the record is reduced over all of them
+                timing = timer.flush()
+                self._log_train(reduce_log_record(timing, self.device) if self.ranks.enabled else timing)
             if end_of_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if eval_due:
@@ -288,13 +295,11 @@ class Trainer:
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
         self._last_checkpoint_step = self.step
-        state = ckpt.training_state(self)
-        path = self.run_dir.save_checkpoint(self.step, ckpt.checkpoint_writer(state), is_best=is_best,
-                                            keep_last=self.config.checkpoint.keep_last)
+        path = ckpt.save(self, is_best=is_best)
         self.callbacks.on_checkpoint(self, path)
 
     def _load(self, path: Path) -> None:
-        ckpt.restore_training_state(self, ckpt.read_checkpoint(path))
+        ckpt.load(self, path)
         self.train_step.steps_done = self.step
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
@@ -332,7 +337,7 @@ class Trainer:
         if self._stop_reason is None or self._stop_reason == "early_stop":
             if self._last_checkpoint_step != self.step:
                 self._save_checkpoint()
-            restored = self._restore_best()
+            restored = ckpt.restore_best(self)
             message = None
             if self._stop_reason == "early_stop":
                 message = (f"stopped early at step {self.step} of {self.max_steps} ({self.config.eval.monitor} did "
@@ -340,7 +345,7 @@ class Trainer:
                            f"{self.early_stopping.best_step} " + ("restored" if restored else "kept"))
                 self.run_dir.log_event("early_stop", message, step=self.step,
                                        evidence=self.early_stopping.state_dict())
-            self.run_dir.write_model(self.model.state_dict(), {"step": str(self.step), "restored_best": str(restored)})
+            self.run_dir.write_model(ckpt.final_weights(self), {"step": str(self.step), "restored_best": str(restored)})
             summary = self._write_summary("completed", started, message=message, restored_best=restored)
         else:
             if self._last_checkpoint_step != self.step:
@@ -351,19 +356,6 @@ class Trainer:
             summary = self._write_summary("stopped", started, message=message)
         self.callbacks.on_fit_end(self, summary)
         return summary
-
-    def _restore_best(self) -> bool:
-        es = self.config.eval.early_stopping
-        best = self.run_dir.checkpoint_path("best")
-        if not (es.enabled and es.restore_best and best.exists()) or self.early_stopping.best_step == self.step:
-            return False
-        try:
-            self.run_dir.verify(best)
-        except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
-            self.run_dir.log_event("best_damaged", str(damage), severity="warning", step=self.step)
-            return False
-        self.model.load_state_dict(ckpt.read_checkpoint(best)["model"])
-        return True
 
     def _write_summary(self, status: str, started: float, message: str | None = None,
                        restored_best: bool = False) -> dict[str, Any]:
@@ -385,9 +377,10 @@ class Trainer:
 
 
 def _default_callbacks(config: RunConfig) -> list[Callback]:
+    from trainwise.train.live_diagnosis import LiveDiagnosis
     from trainwise.train.progress import ProgressDisplay, TensorBoardLog
 
-    callbacks: list[Callback] = [ProgressDisplay()]
+    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis()]
     if TensorBoardLog.available():
         callbacks.append(TensorBoardLog())
     if config.telemetry.enabled:
