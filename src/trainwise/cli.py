@@ -203,20 +203,18 @@ def _register_rooms() -> None:
 _register_rooms()
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _format_warning(message, category, filename, lineno, line=None) -> str:
     """trainwise's own warnings as one line for the person at the terminal; others as Python shows them."""
     if issubclass(category, RunDirWarning):
-        Console(stderr=True, soft_wrap=True).print(Text("warning: ", style="bold yellow") + Text(str(message)),
-                                                   highlight=False)
-    else:
-        _python_show_warning(message, category, filename, lineno, file, line)
+        return f"warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
 
 
-_python_show_warning = warnings.showwarning
+_python_format_warning = warnings.formatwarning
 
 
 def main() -> None:
-    warnings.showwarning = _show_warning
+    warnings.formatwarning = _format_warning
     try:
         code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:
