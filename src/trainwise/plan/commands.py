@@ -30,6 +30,8 @@ def plan(
     rate: Optional[list[str]] = typer.Option(None, "--rate", help="Exchange rate as CODE=USD_VALUE, "
                                              "e.g. --rate CNY=0.139 (repeatable)."),
     probe: bool = typer.Option(False, "--probe", help="Run a few real steps here and calibrate the estimate."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node: per-rank memory "
+                                        "of DDP and FSDP on each card, and which strategy to use."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
 ) -> None:
     """Which GPU fits this training job, how long it takes and what it costs (no GPU needed)."""
@@ -40,7 +42,7 @@ def plan(
     config = load_recipe(recipe, overrides or [])
     request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
                           deadline_hours=deadline, prices_file=prices, currency=currency,
-                          rates=parse_rates(rate or []), probe=probe)
+                          rates=parse_rates(rate or []), probe=probe, nproc=nproc)
     report = make_plan(config, request)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
@@ -72,6 +74,7 @@ def print_report(report, console: Console) -> None:
             console.print(f"{title}: [bold]{row.cards}× {row.name}[/] ({row.offer['provider']} "
                           f"{row.offer['instance']}, {row.offer['region']}): {_duration(row.offer['hours'])}, "
                           f"{_money(row.cost_on_demand)} {advice.currency} on demand.")
+    _print_strategies(report.strategies, console)
     for message in advice.messages + data["notes"]:
         console.print(message)
     console.print(f"Host RAM needed: {_bytes(advice.host_ram_bytes)}; disk for data and checkpoints: "
@@ -162,3 +165,16 @@ def _money(value: float | None) -> str:
     if 0 < value < 0.01:
         return "<0.01"
     return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"
+
+
+def _print_strategies(plans, console: Console) -> None:
+    """Per-rank memory of each strategy at --nproc ranks, and the one `train.strategy: auto` picks."""
+    if not plans:
+        return
+    console.print(f"With {plans[0].ranks} ranks per node (per-rank memory, micro-batch):")
+    for plan in plans:
+        cells = "; ".join(f"{strategy.upper()} {_bytes(row.needed_bytes)}"
+                          f"{f' (micro-batch {row.micro_batch_size})' if row.fits else ' does not fit'}"
+                          for strategy, row in plan.rows.items())
+        pick = f"[bold]{plan.recommended}[/]" if plan.recommended else "[red]neither[/]"
+        console.print(f"  {plan.card}: {cells} → {pick}: {plan.reason}")

@@ -26,6 +26,7 @@ class PlanRequest:
     currency: str = "USD"
     rates: dict[str, float] = field(default_factory=dict)
     probe: bool = False
+    nproc: int | None = None  # ranks per node: per-rank memory of DDP and FSDP, and the recommendation
 
 
 @dataclass
@@ -37,6 +38,7 @@ class PlanReport:
     prices_as_of: str
     price_sources: tuple[str, ...]
     notes: list[str]
+    strategies: list = field(default_factory=list)  # StrategyPlan per card, with --nproc
 
     def to_dict(self) -> dict:
         job, est = self.estimate.job, self.estimate
@@ -69,6 +71,7 @@ class PlanReport:
             "prices": {"as_of": self.prices_as_of, "sources": list(self.price_sources),
                        "label": "defaults to check: verify on each provider's price page"},
             "notes": self.notes,
+            "strategies": [plan.to_dict() for plan in self.strategies],
         }
 
 
@@ -103,8 +106,13 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     _mark_present_gpu(advice, machine, probe_result)
     if not advice.fits_anywhere:
         raise ConfigError(advice_rules.no_fit_message(inputs, gpus, options))
+    strategies = []
+    if request.nproc and request.nproc > 1:
+        from trainwise.plan.strategy import plan_strategies
+
+        strategies = [plan_strategies(inputs, gpu, request.nproc, options) for gpu in gpus]
     return PlanReport(estimate=estimate, advice=advice, machine=machine, probe=probe_result,
-                      prices_as_of=prices.as_of, price_sources=prices.sources, notes=notes)
+                      prices_as_of=prices.as_of, price_sources=prices.sources, notes=notes, strategies=strategies)
 
 
 def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...]):
