@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
+from trainwise.train.launch import Launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -83,6 +84,12 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
     overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node, started by "
+                                        "PyTorch's launcher (torchrun); train.strategy=auto asks the planner."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Machines in the job (with --rdzv-endpoint)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This machine's index, 0..nnodes-1."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches "
+                                                "(c10d rendezvous) for several machines."),
 ) -> None:
     """Train a recipe into a new run directory.
 
@@ -92,19 +99,41 @@ def train(
     from trainwise.train.run import train_run
 
     config = load_recipe(recipe, overrides or [])
+    if nproc is not None and not inside_a_launch():
+        extra = _planned_strategy(config, nproc * nnodes)
+        command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
+        raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = train_run(config, out, overwrite=overwrite)
     _finish(run.read_summary(), run.path)
 
 
+def _planned_strategy(config, ranks: int) -> list[str]:
+    """`train.strategy: auto` on CUDA cards: the planner's choice for this card, said and passed on."""
+    import torch
+
+    if getattr(config.train, "strategy", "auto") != "auto" or ranks <= 1 or not torch.cuda.is_available():
+        return []
+    from trainwise.plan.strategy import strategy_for
+
+    props = torch.cuda.get_device_properties(0)
+    strategy, why = strategy_for(config, props.name, int(props.total_memory), ranks)
+    console.print(f"train.strategy=auto -> {strategy}: {why}")
+    return [f"train.strategy={strategy}"]
+
+
 @app.command()
-def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`.")) -> None:
+def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
+           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`.")
+           ) -> None:
     """Continue a run from its last checkpoint with its saved config.
 
     Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
     2 bad input; 1 a failure."""
     from trainwise.train.run import resume_run
 
+    if nproc is not None and not inside_a_launch():
+        raise typer.Exit(launch(["resume", str(run_dir)], Launch(nproc, run_id=run_dir.name)))
     with _exit_code_of_the_run(run_dir):
         run = resume_run(run_dir)
     _finish(run.read_summary(), run.path)

@@ -1,0 +1,64 @@
+"""`trainwise train ... --nproc N`: the ranks are started by PyTorch's own launcher (torch.distributed.run,
+what `torchrun` is), never by a launcher of ours. One machine: standalone rendezvous. Several machines: a
+c10d rendezvous at `--rdzv-endpoint HOST:PORT`, the same command on every node with `--nnodes`.
+
+Each rank runs the same `trainwise` command without the launch options, with torchrun's environment
+(RANK, LOCAL_RANK, WORLD_SIZE); plain `torchrun ... -m trainwise train ...` does exactly the same.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from trainwise.errors import ConfigError, TrainingError
+
+STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a signal, checkpointed, resumable
+
+
+@dataclass(frozen=True)
+class Launch:
+    nproc: int
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    run_id: str = "trainwise"
+
+    def torchrun_args(self, command: list[str]) -> list[str]:
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node "
+                              "that every node can reach), given to the same command on every node.")
+        args = ["--nproc-per-node", str(self.nproc)]
+        if self.rdzv_endpoint:
+            args += ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
+                     "--rdzv-id", self.run_id]
+            if self.node_rank is not None:
+                args += ["--node-rank", str(self.node_rank)]
+        else:
+            args.append("--standalone")
+        return [*args, "-m", "trainwise", *command]
+
+
+def inside_a_launch() -> bool:
+    """Already one rank of a torchrun job: a `--nproc` given again must not launch ranks of ranks."""
+    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launch(command: list[str], plan: Launch) -> int:
+    """Run `trainwise COMMAND` on `plan.nproc` ranks per node; the exit code the job should end with."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
+    try:
+        run(get_args_parser().parse_args(plan.torchrun_args(command)))
+    except ChildFailedError as failed:
+        codes = {rank: failure.exitcode for rank, failure in failed.failures.items()}
+        if codes and all(code == STOPPED_EXIT_CODE for code in codes.values()):
+            return STOPPED_EXIT_CODE  # every rank stopped on the same step and checkpointed
+        first = min(codes, key=lambda rank: failed.failures[rank].timestamp) if codes else None
+        if first is not None and codes[first] == 2:
+            return 2  # bad input: that rank printed the message
+        died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in sorted(codes.items()))
+        raise TrainingError(f"{died} of the {plan.nproc}-rank job failed; rank {first} first. Its error is above; "
+                            "the run directory's error.log and summary.json hold rank 0's view.") from None
+    return 0
