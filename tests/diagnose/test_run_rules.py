@@ -137,3 +137,36 @@ def test_live_findings_use_the_same_rules_on_the_records_in_hand(tmp_path):
     assert live_findings(healthy) == []  # "still improving" is for the end of a run, not the middle
     leak = gpu_samples(name="", ram=lambda s: 8 * GIB + s * 20 * 2**20)
     assert codes(live_findings(records[:10], leak)) == ["memory_leak"]
+
+
+def _chance_run(path, *, spike: bool, accuracy: float):
+    from trainwise.recipes import load_recipe
+    from trainwise.run import RunDir
+
+    run = RunDir.create(path, overwrite=True)
+    run.write_config(load_recipe("digits", ["train.max_steps=120", "schedule.warmup_steps=0"]))
+    for step in range(5, 125, 5):
+        loss = 1260.0 if spike and step == 5 else (2.303 if step > 10 else 3.2)
+        run.log_metrics({"split": "train", "step": step, "epoch": 0, "loss": loss * (1 + 0.001 * (step % 3)),
+                         "lr": 0.3, "grad_norm": 0.1})
+        if step % 20 == 0:
+            run.log_metrics({"split": "val", "step": step, "epoch": 0, "loss": 2.303, "accuracy": accuracy,
+                             "balanced_accuracy": accuracy})
+    return run
+
+
+def test_a_classifier_stuck_at_chance_after_an_lr_spike_is_named(tmp_path):
+    from trainwise.diagnose.run_rules import diagnose_run
+
+    found = {f.code: f for f in diagnose_run(_chance_run(tmp_path / "r", spike=True, accuracy=0.1))}
+    finding = found["loss_at_chance"]
+    assert finding.severity == "error" and finding.evidence["classes"] == 10
+    assert finding.evidence["peak_loss"] > 1000 and finding.evidence["peak_step"] == 5
+    assert "blew the weights up" in finding.detail and "optim.lr" in finding.fixes[0]
+
+
+def test_a_classifier_that_learns_is_not_at_chance(tmp_path):
+    from trainwise.diagnose.run_rules import diagnose_run
+
+    codes = {f.code for f in diagnose_run(_chance_run(tmp_path / "r", spike=True, accuracy=0.9))}
+    assert "loss_at_chance" not in codes

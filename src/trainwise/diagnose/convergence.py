@@ -33,6 +33,10 @@ OSCILLATION_AMPLITUDE = 0.25
 # The drop an oscillation is measured against is at least this share of the loss level, so the small
 # jitter of a curve that does not fall at all reads as flat, not oscillating.
 LEVEL_FLOOR = 0.1
+# At chance: cross-entropy within this share of ln(C), the loss of predicting every class equally, where C
+# is read off the balanced accuracy (1/C at chance) — and no better than chance by more than this margin.
+CHANCE_LOSS_TOLERANCE = 0.05
+CHANCE_ACCURACY_MARGIN = 0.05
 
 LR_SWEEP = "Find the LR: `trainwise lr-find RECIPE --out lr-find` (it prints the optim.lr override to use)."
 CHECK_INPUTS = ("Check the inputs and labels: `trainwise check RECIPE` (labels per split, NaN/Inf, scale, rows "
@@ -48,7 +52,8 @@ def convergence_findings(records: list[dict[str, Any]], *, warmup_steps: int = 0
     train = [(s, v) for s, v in series(records, "train", "loss") if s > warmup_steps and math.isfinite(v)]
     # flat before oscillating: batch-to-batch jitter of a loss that does not fall is not an overshooting
     # optimizer, and "find a working LR" is the advice for both
-    found = diverging(records, train) or flat(records, train, warmup_steps) or oscillating(records, train)
+    found = (diverging(records, train) or at_chance(records, train) or flat(records, train, warmup_steps)
+             or oscillating(records, train))
     spikes = gradient_spikes(records, warmup_steps)
     if spikes is not None and (found is None or found.code != "loss_diverging"):
         return [f for f in (found, spikes) if f is not None]
@@ -98,6 +103,44 @@ def diverging(records: list[dict[str, Any]], train: Points) -> Finding | None:
         (f"Lower optim.lr (try a third{f' of {lr:.3g}' if lr else ''}) and resume from a checkpoint before step "
          f"{turn_step}.", "Lengthen the warmup (schedule.warmup_steps) and keep train.grad_clip_norm on.",
          LR_SWEEP, CHECK_INPUTS), step=turn_step)
+
+
+def at_chance(records: list[dict[str, Any]], train: Points) -> Finding | None:
+    """A classifier whose loss settled at ln(C) with chance-level balanced accuracy: it predicts every class
+    alike. Typical after a learning rate so high that the first steps blew the weights up (the loss spikes,
+    then collapses to the uniform prediction and stays there), or labels that carry no signal."""
+    if len(train) < MIN_POINTS:
+        return None
+    accuracies = [(s, v) for s, v in series(records, "val", "balanced_accuracy") if math.isfinite(v)]
+    if not accuracies or not 0 < accuracies[-1][1] < 1:
+        return None
+    step, accuracy = accuracies[-1]
+    classes = round(1 / accuracy)
+    if classes < 2 or accuracy > 1 / classes + CHANCE_ACCURACY_MARGIN:
+        return None
+    chance = math.log(classes)
+    tail = [v for _, v in train[len(train) // 2:]]
+    settled = float(np.median(tail))
+    if abs(settled - chance) > CHANCE_LOSS_TOLERANCE * chance:
+        return None
+    since = next(s for s, v in train if abs(v - chance) <= CHANCE_LOSS_TOLERANCE * chance)
+    peak_step, peak = max(series(records, "train", "loss"), key=lambda point: point[1] if math.isfinite(point[1])
+                          else -math.inf)
+    lr = value_at(records, "train", "lr", since)
+    blew_up = peak > 3 * chance
+    return Finding(
+        "loss_at_chance", "error", f"the model predicts at chance: loss {settled:.3f} ≈ ln({classes}) since step {since}",
+        f"The train loss has sat at {settled:.4g}, the loss of predicting all {classes} classes alike (ln {classes} = "
+        f"{chance:.4g}), since step {since}, and validation balanced accuracy is {accuracy:.3f} at step {step} "
+        f"(chance: {1 / classes:.3f})." + (f" The loss first spiked to {peak:.4g} at step {peak_step}: the learning "
+        f"rate ({_fmt(lr)}) blew the weights up." if blew_up else ""),
+        {"settled_loss": settled, "chance_loss": chance, "classes": classes, "balanced_accuracy": accuracy,
+         "since_step": since, "peak_loss": peak, "peak_step": peak_step, "lr": lr, **_grad_norms(records, since),
+         "rule": f"|loss - ln C| < {CHANCE_LOSS_TOLERANCE:.0%} and balanced accuracy within "
+                 f"{CHANCE_ACCURACY_MARGIN} of 1/C"},
+        ((f"Lower optim.lr (try a tenth{f' of {lr:.3g}' if lr else ''}), lengthen schedule.warmup_steps and keep "
+          "train.grad_clip_norm on." if blew_up else "Check that the labels carry signal: `trainwise check RECIPE`."),
+         LR_SWEEP, CHECK_INPUTS), step=since)
 
 
 def oscillating(records: list[dict[str, Any]], train: Points) -> Finding | None:
