@@ -32,7 +32,7 @@ from common import write_result  # noqa: E402
 
 from trainwise import ArrayDataset, DataSpec, RunDir, Trainer, config_from_dict  # noqa: E402
 from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
-from trainwise.plan.probe import cpu_peak_bytes  # noqa: E402
+from trainwise.plan.probe import peak_bytes  # noqa: E402
 from trainwise.recipes.models import CheckpointedSequential  # noqa: E402
 from trainwise.train.step import STEP_RANGE  # noqa: E402
 
@@ -275,15 +275,8 @@ def trainer_peak_bytes(step: TrainingStep, device: torch.device) -> int:
             model = step.build_model()  # inside the measurement: its parameters are part of the peak
             Trainer(model, data, config=config, run_dir=RunDir.create(Path(tmp) / "run"), data_spec=spec).fit()
 
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            fit()
-            torch.cuda.synchronize(device)
-            return torch.cuda.max_memory_allocated(device) - before
-        return cpu_peak_bytes(fit, within=STEP_RANGE)
+        # the peak inside the Trainer's train-step ranges (on CUDA: over the whole fit, steps dominate)
+        return peak_bytes(fit, device, within=STEP_RANGE)
 
 
 def naive_bytes(trace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,31 @@ def invoke(capsys, *args: str) -> CliResult:
         sys.argv = argv
     captured = capsys.readouterr()
     return CliResult(code, captured.out, captured.err)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 3 MiB tmpfs (needs root and permission to mount; skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def stop_at(step: int):
+    """A callback that asks the trainer to stop after `step`, as a signal would (checkpoint, status stopped)."""
+    from trainwise.train.callbacks import Callback
+
+    class StopAt(Callback):
+        def on_step_end(self, trainer):
+            if trainer.step == step:
+                trainer.request_stop("signal:test")
+
+    return StopAt()

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import uuid
 
 import pytest
 import torch
@@ -91,22 +89,6 @@ def test_a_full_disk_while_appending_leaves_no_half_record(tmp_path, monkeypatch
     monkeypatch.undo()
     run.log_metrics({"split": "train", "step": 3})
     assert [r["step"] for r in run.read_metrics()] == [1, 3] and run.problems == []
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 3 MiB tmpfs (needs root and permission to mount; skipped otherwise)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_checkpoints_on_a_real_full_disk(tiny_disk):

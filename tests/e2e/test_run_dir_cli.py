@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -81,21 +80,6 @@ def test_report_of_a_run_with_damaged_side_files_still_writes_and_lists_them(run
     assert result.returncode == 0 and "Traceback" not in result.stderr
     text = run.report_path("md").read_text()
     assert "summary.json is damaged" in text and "metrics.jsonl:" in text and "events.jsonl:" in text
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_training_into_a_full_disk_fails_cleanly(tiny_disk):

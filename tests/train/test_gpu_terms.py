@@ -11,11 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tests.conftest import ROOT, tiny_config
+from tests.conftest import stop_at, ROOT, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ConfigError, TrainingError
 from trainwise.run import RunDir
-from trainwise.train.callbacks import Callback
 from trainwise.train.device import resolve_device
 from trainwise.train.evaluation import predict
 from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW
@@ -118,15 +117,6 @@ class NoisyDataset(Dataset):
         return self.x[i] + 0.1 * torch.randn(6), self.y[i] + 0 * torch.randint(0, 5, ())
 
 
-class StopAt(Callback):
-    def __init__(self, step):
-        self.at = step
-
-    def on_step_end(self, trainer):
-        if trainer.step == self.at:
-            trainer.request_stop("signal:test")
-
-
 def _worker_run(path, callbacks=(), resume=False):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
@@ -141,7 +131,7 @@ def _worker_run(path, callbacks=(), resume=False):
 @pytest.mark.slow
 def test_random_transforms_in_loader_workers_resume_bit_identical(tmp_path):
     straight = _worker_run(tmp_path / "straight")
-    _worker_run(tmp_path / "stopped", [StopAt(9)])  # mid-epoch: 6 steps per epoch
+    _worker_run(tmp_path / "stopped", [stop_at(9)])  # mid-epoch: 6 steps per epoch
     resumed = _worker_run(tmp_path / "stopped", resume=True)
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name

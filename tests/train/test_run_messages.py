@@ -7,10 +7,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from tests.conftest import tiny_config
+from tests.conftest import stop_at, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
+from trainwise.errors import ModelCallError
 from trainwise.run import RunDir
-from trainwise.train.callbacks import Callback
 from trainwise.train.progress import ProgressDisplay
 from trainwise.train.run import build_trainer, resume_run
 from trainwise.train.trainer import Trainer
@@ -33,7 +33,7 @@ def test_a_failure_is_diagnosed_and_its_traceback_kept(tmp_path):
                          eval={"every_steps": None, "every_epoch": False})
     trainer = Trainer(WrongDevice(), data, config=config, run_dir=RunDir.create(tmp_path / "r"),
                       data_spec=DataSpec(input_shape=(6,), num_classes=3))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ModelCallError):  # the model's own error, reported as the user's to fix
         trainer.fit()
     run = trainer.run_dir
     assert "Traceback" in run.error_log_path.read_text() and "forward" in run.error_log_path.read_text()
@@ -56,18 +56,9 @@ def test_early_stopping_says_why_and_which_step_was_restored(tmp_path):
     assert "did not improve for 2 evaluations" in message and f"best step {summary['best']['step']}" in message
 
 
-class StopAt(Callback):
-    def __init__(self, step):
-        self.at = step
-
-    def on_step_end(self, trainer):
-        if trainer.step == self.at:
-            trainer.request_stop("signal:test")
-
-
 def test_resume_says_where_it_starts(tmp_path):
     run = RunDir(tmp_path / "run")
-    trainer = build_trainer(tiny_config(train={"max_steps": 30, "log_every": 5}), run, [StopAt(12)])
+    trainer = build_trainer(tiny_config(train={"max_steps": 30, "log_every": 5}), run, [stop_at(12)])
     run.initialise()
     trainer.fit()
     out = io.StringIO()

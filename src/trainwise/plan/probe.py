@@ -6,13 +6,10 @@ allocation events of torch.profiler (each records the bytes the CPU allocator ha
 """
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 import platform
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,6 +18,7 @@ from pathlib import Path
 import torch
 
 from trainwise.plan.memory import TrainingStep, build_train_step, make_batch
+from trainwise.plan.workspaces import quiet_stderr
 
 
 @dataclass(frozen=True)
@@ -116,12 +114,12 @@ def cpu_peak_bytes(run: Callable[[], None], within: str | None = None) -> int:
 
     gc.collect()
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # kineto logs "profiler_start/stop" lines to fd 2, noise in a plan
+    with quiet_stderr():  # kineto logs "profiler_start/stop" lines to fd 2, noise in a plan
         prof.__enter__()
     try:
         run()
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.__exit__(None, None, None)
     events: list[tuple[int, int]] = []
     windows: list[tuple[int, int]] = []
@@ -145,19 +143,6 @@ def cpu_peak_bytes(run: Callable[[], None], within: str | None = None) -> int:
     return peak
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
     """Real peak of what trace_step estimates: the model, then two steps of the Trainer's TrainStep."""
     def two_steps() -> None:
@@ -166,15 +151,21 @@ def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
         for _ in range(2):
             train_step(host_batches(step))
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        two_steps()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    return cpu_peak_bytes(two_steps)
+    return peak_bytes(two_steps, device)
+
+
+def peak_bytes(run: Callable[[], None], device: torch.device, within: str | None = None) -> int:
+    """Peak bytes the device's allocator handed out while `run` ran, over what was allocated before it: on
+    CUDA torch.cuda.max_memory_allocated, on the CPU the profiler's allocation events (see cpu_peak_bytes)."""
+    if device.type != "cuda":
+        return cpu_peak_bytes(run, within=within)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def host_batches(step: TrainingStep) -> list[tuple[torch.Tensor, torch.Tensor]]:

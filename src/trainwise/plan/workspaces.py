@@ -302,12 +302,12 @@ def _allocation_peak(run: Callable[[], Any]) -> tuple[int, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # kineto logs profiler_start/stop to fd 2
+    with quiet_stderr():  # kineto logs profiler_start/stop to fd 2
         prof.__enter__()
     try:
         result = run()
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.__exit__(None, None, None)
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
@@ -323,7 +323,8 @@ def _allocation_peak(run: Callable[[], Any]) -> tuple[int, Any]:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
+    """Silence fd 2 (kineto logs profiler start/stop lines there: noise in a plan)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with open(os.devnull, "w") as devnull:
