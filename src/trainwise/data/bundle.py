@@ -46,6 +46,9 @@ class ArrayDataset(Dataset):
     """Samples held as two tensors; indexing with a list of indices returns the collated batch."""
 
     batched = True  # the loader passes batches through untouched
+    # a batch is one index into tensors already in memory: a thread does it in microseconds, where a worker
+    # process would pickle it through shared memory (the loader then uses threads for `num_workers: auto`)
+    reads_in_place = True
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
         if len(inputs) != len(targets):
