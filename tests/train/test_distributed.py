@@ -37,6 +37,9 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     assert summary["status"] == "completed" and summary["steps"] == 20
     train_lines = [json.loads(line) for line in (ddp / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in train_lines if r["split"] == "train"] == [5, 10, 15, 20]  # one writer
+    single_lines = [json.loads(line) for line in (single / "metrics.jsonl").read_text().splitlines()]
+    losses = [[r["loss"] for r in lines if r["split"] == "train"] for lines in (single_lines, train_lines)]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-6)  # reduced over both ranks' samples
     a, b = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)

@@ -33,6 +33,33 @@ def read_movielens_dat(path: Path) -> dict[str, np.ndarray]:
     return {name: table[i].astype(np.float64) for i, name in enumerate(MOVIELENS_COLUMNS)}
 
 
+def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
+    """RecBole's atomic `.inter` file: tab-separated, header fields typed as `name:token` / `name:float`.
+    The types are dropped from the names (`user_id:token` → `user_id`); numeric columns come back float."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    if not rows:
+        raise DataError(f"{path}: empty file; a RecBole .inter file starts with a typed header such as "
+                        "`user_id:token<TAB>item_id:token<TAB>timestamp:float`.")
+    names = [field.partition(":")[0].strip() for field in rows[0]]
+    if len(set(names)) != len(names):
+        raise DataError(f"{path}: the header names a column twice ({', '.join(rows[0])}).")
+    body = [r for r in rows[1:] if r]
+    if any(len(r) != len(names) for r in body):
+        bad = next(i for i, r in enumerate(body, start=2) if len(r) != len(names))
+        raise DataError(f"{path}: line {bad} has a different number of fields than the header ({len(names)}).")
+    columns = {}
+    for index, name in enumerate(names):
+        values = np.array([r[index] for r in body], dtype=object)
+        try:
+            columns[name] = values.astype(np.float64)
+        except ValueError:
+            columns[name] = values
+    return columns
+
+
 def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
                 path: Path) -> str:
     return find_table_column(columns, given, names, role, path, f"--{role}-col")

@@ -139,7 +139,7 @@ def detect_kind(source: Path, kind: str) -> str:
     if source.is_dir():
         return "images"
     suffix = source.suffix.lower()
-    if suffix == ".dat":
+    if suffix in (".dat", ".inter"):  # MovieLens ratings.dat, RecBole atomic files
         return "interactions"
     if suffix in table_kind.TABLE_SUFFIXES:
         columns = table_kind.read_columns(source)
@@ -340,6 +340,8 @@ def _prepare_interactions(job: _Job) -> dict[str, Any]:
     o = job.options
     if job.source.suffix.lower() == ".dat":
         columns = interaction_kind.read_movielens_dat(job.source)
+    elif job.source.suffix.lower() == ".inter":
+        columns = interaction_kind.read_recbole_inter(job.source)
     else:
         columns = table_kind.read_columns(job.source)
     find = interaction_kind.find_column

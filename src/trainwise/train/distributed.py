@@ -1,4 +1,4 @@
-"""Many GPUs through torchrun: one process per device, DistributedDataParallel, one writer.
+"""Many GPUs through torchrun: one process per device, DDP or FSDP2 (`train.strategy`), one writer.
 
 `torchrun --nproc_per_node=N -m trainwise train RECIPE --out RUN` runs N ranks. `train.batch_size` stays the
 global batch of one optimizer step; each rank feeds `micro_batch_size` samples per forward and accumulates
@@ -7,14 +7,22 @@ global batch of one optimizer step; each rank feeds `micro_batch_size` samples p
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
+from trainwise.errors import ConfigError, TrainingError
 from trainwise.run import RunDir
+from trainwise.run_checkpoint_dirs import CheckpointDirs
+
+Strategy = Literal["single", "ddp", "fsdp"]
 
 
 @dataclass(frozen=True)
@@ -38,15 +46,86 @@ def launched_ranks() -> Ranks:
                  int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def init_distributed() -> Ranks:
-    """Join the process group torchrun set up (NCCL on CUDA, Gloo on the CPU); a no-op for one process."""
+def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Ranks:
+    """Join the process group torchrun set up (NCCL on CUDA, Gloo on the CPU); a no-op for one process, unless
+    torchrun started it for a `sharded` (fsdp) run: FSDP over one rank is the 1-GPU smoke of the real path.
+    A collective that waits `timeout_s` for a dead or stuck rank raises instead of hanging the job."""
     ranks = launched_ranks()
-    if not ranks.enabled or dist.is_initialized():
+    one_under_torchrun = sharded and "TORCHELASTIC_RUN_ID" in os.environ
+    if not (ranks.enabled or one_under_torchrun) or dist.is_initialized():
         return ranks
     if torch.cuda.is_available():
         torch.cuda.set_device(ranks.local_rank)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
     return ranks
+
+
+def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:
+    """What `train.strategy` means for this many ranks. The engine resolves `auto` by the process count only;
+    choosing fsdp from memory estimates is the planner's call, made before the ranks start. fsdp in one process
+    (not under torchrun) trains unsharded but keeps the sharded checkpoint format: a run started on N ranks
+    resumes in one process, and loads into a plain model."""
+    if requested == "auto":
+        return "ddp" if ranks.enabled else "single"
+    if requested == "single" and ranks.enabled:
+        raise ConfigError(f"train.strategy=single, but torchrun started {ranks.world_size} ranks. Use "
+                          "train.strategy=ddp or fsdp (or auto), or run one process without torchrun.")
+    if requested == "ddp" and not ranks.enabled:
+        raise ConfigError("train.strategy=ddp needs several processes, but this is one. Launch it with "
+                          "`torchrun --nproc_per_node=N -m trainwise train ...`, or set train.strategy=single "
+                          "(or auto).")
+    return requested  # type: ignore[return-value]
+
+
+def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, precision: str, cpu_offload: bool
+               ) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
+    """(what computes the outputs, the context that skips the gradient all-reduce/reduce-scatter on
+    micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors."""
+    if strategy == "ddp":
+        ddp = DistributedDataParallel(model)
+        return ddp, ddp.no_sync
+    if strategy == "fsdp" and dist.is_initialized():
+        from trainwise.train.fsdp import gradient_sync_off, shard_model
+
+        shard_model(model, precision=precision, cpu_offload=cpu_offload, device=device)
+        return model, lambda: gradient_sync_off(model)
+    return model, None
+
+
+# what Gloo and NCCL say when the rank at the other end of a collective is gone (they raise plain
+# RuntimeErrors, and under FSDP from inside the model's forward, where they look like the model's fault)
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "third_party/gloo", "NCCL", "ProcessGroup")
+
+
+def peer_lost(error: BaseException, ranks: Ranks, step: int) -> TrainingError | None:
+    """A TrainingError naming the lost rank when `error` is a collective failing because a peer died or hung;
+    None for any other error (a one-process run's included)."""
+    if not ranks.enabled:
+        return None
+    cause: BaseException | None = error
+    while cause is not None and not (isinstance(cause, dist.DistError) or isinstance(cause, RuntimeError)
+                                     and any(mark in str(cause) for mark in _PEER_GONE)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    # with two ranks the one at the other end is known; with more, torchrun's summary names it
+    peer = f"rank {1 - ranks.rank}" if ranks.world_size == 2 else "another rank"
+    return TrainingError(f"{peer} of this {ranks.world_size}-rank job stopped answering during step {step} (it died "
+                         f"or hangs; torchrun's failure summary names it and its exit code), so rank {ranks.rank} "
+                         f"stops too. The last checkpoint is intact; fix the cause, then `trainwise resume`. "
+                         f"({type(cause).__name__}: {str(cause)[:200]})")
+
+
+def broadcast_from_main(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank: a decision taken from what rank 0 sees, made everyone's."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.enabled:
+        dist.barrier()
 
 
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
@@ -55,6 +134,19 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
     value = torch.tensor([float(flag) for flag in flags], device=device if device.type == "cuda" else "cpu")
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return [v > 0 for v in value.tolist()]
+
+
+def reduce_log_record(record: dict[str, float], device: torch.device) -> dict[str, float]:
+    """A log line for the whole job (at log steps only): the loss averaged over every rank's samples, the
+    data wait of the rank that waited longest (the others wait for it in the next collective)."""
+    on = device if device.type == "cuda" else "cpu"
+    loss = torch.tensor([record["loss"]], dtype=torch.float64, device=on)
+    wait = torch.tensor([record["data_wait_s"], record["data_wait_fraction"]], dtype=torch.float64, device=on)
+    dist.all_reduce(loss)
+    dist.all_reduce(wait, op=dist.ReduceOp.MAX)
+    data_wait_s, data_wait_fraction = wait.tolist()
+    return {**record, "loss": loss.item() / dist.get_world_size(), "data_wait_s": data_wait_s,
+            "data_wait_fraction": data_wait_fraction}
 
 
 def gather_objects(obj: Any) -> list[Any]:
@@ -92,3 +184,7 @@ class FollowerRunDir(RunDir):
 
     def write_model(self, state_dict, metadata=None) -> Path:
         return self.model_path
+
+    @property
+    def checkpoint_dirs(self) -> CheckpointDirs:
+        return super().checkpoint_dirs.read_only()  # every rank writes its shards; rank 0 commits them

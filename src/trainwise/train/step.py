@@ -56,6 +56,12 @@ def total_norm(parameters: Sequence[nn.Parameter]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+def replicated(norm: torch.Tensor) -> torch.Tensor:
+    """The norm as a plain tensor on every rank: under FSDP it is a DTensor (a collective, not a host sync),
+    and the loop's records and the optimizer's skip flag are plain tensors."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 class TrainStep:
     """`step(micro_batches)` = forward/backward of each micro-batch (gradients accumulate), then one update.
 
@@ -129,6 +135,7 @@ class TrainStep:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip_norm)
         else:
             grad_norm = total_norm(self.parameters)
+        grad_norm = replicated(grad_norm)
         skipped = (~torch.isfinite(grad_norm)).float()
         if self.scaler.is_enabled():
             self.scaler.step(self.optimizer)  # the scaler hands its own found_inf to a fused optimizer

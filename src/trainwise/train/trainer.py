@@ -54,7 +54,8 @@ class Trainer:
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
-        self.ranks = init_distributed(config.train.dist_timeout_s)  # one process, or one rank of a torchrun job
+        # one process, or one rank of a torchrun job
+        self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy == "fsdp")
         self.strategy = resolve_strategy(config.train.strategy, self.ranks)
         self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
         self.task = data_spec.task if data_spec else "classification"
@@ -62,8 +63,8 @@ class Trainer:
         self.precision = resolve_precision(config.train.precision, self.device)
         self.tf32 = enable_tf32(self.device, config.train.tf32)
         self.model = model.to(self.device)
-        self.forward, no_sync = wrap_model(self.model, self.strategy, self.ranks, device=self.device,
-                                           precision=self.precision, cpu_offload=config.train.fsdp_cpu_offload)
+        self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
+                                           cpu_offload=config.train.fsdp_cpu_offload)
         if config.model.compile:
             self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment

@@ -1,0 +1,107 @@
+"""The `shop` data builder: behaviour histories from the synthetic shop log or from a prepared interaction
+log (`trainwise prepare LOG --to DIR`, then `data.path=DIR`), as the train/val/test splits a recommender
+recipe trains on.
+
+Splits are by time and never leak the future (data/interactions.py): `last-k` holds out each user's last
+event for test and the one before for validation; `time` cuts all users at one instant. A prepared
+directory keeps the split it was prepared with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from trainwise.data.bundle import DataBundle, DataSpec
+from trainwise.data.interactions import split_by_time
+from trainwise.data.shards import read_manifest
+from trainwise.errors import DataError
+from trainwise.recsys.generator import generate_shop_log
+from trainwise.recsys.sequences import ClickPairs, HeldOutClicks, HeldOutQueries, Histories, NextItemWindows
+
+Objective = Literal["next_item", "ctr"]
+
+
+@dataclass(frozen=True)
+class SequenceSpec(DataSpec):
+    """A DataSpec that also tells a recommender the catalogue size and the history length."""
+
+    num_items: int = 0
+    max_len: int = 50
+    objective: Objective = "next_item"
+    item_counts: tuple[int, ...] = field(default=(), repr=False)  # training interactions per item
+
+
+def shop(*, seed: int, val_fraction: float, test_fraction: float, augment: bool = False, path: str | None = None,
+         objective: Objective = "next_item", max_len: int = 50, negatives: int = 1, max_eval_queries: int = 5000,
+         split: str = "last-k", users: int = 20_000, items: int = 5_000, events: int = 1_000_000,
+         categories: int = 50) -> DataBundle:
+    """Behaviour sequences as a DataBundle; see the module docstring. `users`, `items`, `events` and
+    `categories` size the synthetic log and are ignored when `path` names a prepared directory."""
+    if augment:
+        raise ValueError("data.augment: behaviour sequences have no augmentation; set data.augment=false")
+    if path:
+        histories, source = prepared_histories(Path(path)), {"prepared": str(path)}
+    else:
+        log = generate_shop_log(users=users, items=items, events=events, categories=categories, seed=seed)
+        codes = split_by_time(log.user, log.timestamp, how=split, val_fraction=val_fraction,
+                              test_fraction=test_fraction, last_k=1)
+        split_code = np.empty(len(log), np.int8)
+        split_code[codes.order] = codes.split
+        histories = Histories.from_events(log.user, log.item, log.timestamp, split_code, log.num_users,
+                                          log.num_items)
+        source = {"generated": {"users": users, "items": items, "events": len(log), "seed": seed,
+                                "split": split}}
+    return sequence_bundle(histories, objective=objective, max_len=max_len, negatives=negatives,
+                           max_eval_queries=max_eval_queries, seed=seed, notes=source)
+
+
+def sequence_bundle(histories: Histories, *, objective: Objective, max_len: int, negatives: int,
+                    max_eval_queries: int | None, seed: int, notes: dict | None = None) -> DataBundle:
+    if objective == "next_item":
+        train = NextItemWindows(histories, max_len)
+        held_out = [HeldOutQueries(histories, code, max_len, max_eval_queries, seed) for code in (1, 2)]
+        input_shape, classes = (max_len,), histories.num_items
+    elif objective == "ctr":
+        train = ClickPairs.for_training(histories, max_len, negatives, seed)
+        val_rows = HeldOutQueries(histories, 1, max_len, max_eval_queries, seed).rows
+        # validation during training: the same click objective on held-out events, with fixed negatives;
+        # `trainwise eval` ranks the full catalogue with the test queries instead
+        held_out = [ClickPairs(histories, val_rows, max_len, negatives, seed) if len(val_rows) else None,
+                    HeldOutClicks(histories, 2, max_len, max_eval_queries, seed)]
+        input_shape, classes = (max_len + 1,), 2
+    else:
+        raise ValueError(f"objective {objective!r}: use next_item (SASRec, GRU4Rec, popularity) or ctr (DIN)")
+    val, test = (d if d is not None and len(d) else None for d in held_out)
+    spec = SequenceSpec(input_shape=input_shape, num_classes=classes, task="classification",
+                        input_dtype=torch.long, num_train=len(train),
+                        num_items=histories.num_items, max_len=max_len, objective=objective,
+                        item_counts=tuple(histories.train_item_counts().tolist()))
+    return DataBundle(train, val, test, spec=spec, notes={**(notes or {}), "objective": objective,
+                                                          "users": histories.num_users,
+                                                          "items": histories.num_items})
+
+
+def prepared_histories(directory: Path) -> Histories:
+    """(user, item, timestamp, split) of every event of a prepared interactions directory."""
+    from trainwise.data.prepared import PreparedDataset
+
+    manifest = read_manifest(directory)
+    if manifest.get("kind") != "interactions":
+        raise DataError(f"{directory}: a {manifest.get('kind')} dataset, not an interaction log. Prepare the "
+                        "log with `trainwise prepare LOG --to DIR --split last-k`.")
+    parts = []
+    for code, name in enumerate(("train", "val", "test")):
+        if not manifest["splits"].get(name, {}).get("count"):
+            continue
+        split = PreparedDataset(directory, name, manifest=manifest)
+        pairs = split.column("inputs").astype(np.int64)
+        parts.append((pairs[:, 0], pairs[:, 1], split.column("timestamp").astype(np.int64),
+                      np.full(len(pairs), code, np.int8)))
+    if not parts:
+        raise DataError(f"{directory}: the prepared log has no events.")
+    user, item, time, code = (np.concatenate(column) for column in zip(*parts))
+    return Histories.from_events(user, item, time, code, int(manifest["num_users"]), int(manifest["num_items"]))

@@ -1,0 +1,69 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`, train.strategy=fsdp): each block's parameters, gradients and
+optimizer state are split across the ranks; a block's full parameters exist only while it computes.
+
+Which modules are blocks, in this order of preference:
+  1. your model's `fsdp_blocks()` method, returning the modules to shard one by one (the repeated layers:
+     transformer blocks, residual stages). Parameters outside them go with the root;
+  2. the built-in models' `blocks` and `head` (recipes/models.py, CheckpointedSequential);
+  3. otherwise the model's direct children that hold trainable parameters.
+The root is sharded last, for whatever is left. Each block is gathered, computed and freed in turn, so the
+memory of full parameters is one block's, not the model's.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from trainwise.errors import ConfigError
+
+
+def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded one by one before the root (see the module docstring)."""
+    hook = getattr(model, "fsdp_blocks", None)
+    if callable(hook):
+        blocks = list(hook())
+        inside = {id(m) for m in model.modules()}
+        strays = [type(b).__name__ for b in blocks if not isinstance(b, nn.Module) or id(b) not in inside
+                  or b is model]
+        if strays:
+            raise ConfigError(f"{type(model).__name__}.fsdp_blocks() returned {', '.join(strays)}, which is not a "
+                              "submodule of the model: return the model's own layers (e.g. `list(self.layers)`).")
+        return blocks
+    blocks_attr = getattr(model, "blocks", None)
+    if isinstance(blocks_attr, nn.ModuleList):
+        candidates = [*blocks_attr, *([model.head] if isinstance(getattr(model, "head", None), nn.Module) else [])]
+    else:
+        candidates = list(model.children())
+    # a block without trainable parameters (Flatten, ReLU) has nothing to shard
+    return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+
+
+def shard_model(model: nn.Module, *, precision: str, cpu_offload: bool, device: torch.device) -> None:
+    """Shard `model` in place over the default process group: each block, then the root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if precision == "fp16":
+        # GradScaler decides to skip a step from the local shard's gradients: ranks could disagree and diverge
+        raise ConfigError("train.strategy=fsdp does not support train.precision=fp16; use bf16 (or fp32).")
+    options: dict = {}
+    if precision == "bf16":  # compute in bf16, reduce gradients in fp32 so that summing ranks loses nothing
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload and device.type != "cpu":  # training on the CPU already keeps everything in its memory
+        options["offload_policy"] = CPUOffloadPolicy()
+    for block in fsdp_blocks(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+
+
+@contextmanager
+def gradient_sync_off(model: nn.Module) -> Iterator[None]:
+    """Accumulate this micro-batch's gradients unsharded, without the reduce-scatter; the last micro-batch of
+    a step (outside this context) reduces the sum once."""
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]

@@ -1,0 +1,108 @@
+"""Sharded checkpoints (train.strategy=fsdp) with torch.distributed.checkpoint (DCP).
+
+A checkpoint is a directory (RunDir.checkpoint_dirs): every rank writes its shards of the model and the
+optimizer state there, in parallel, and rank 0 adds the small rest of the training state (scheduler, scaler,
+early stopping, every rank's RNG, the data position: train/checkpoint.py's `training_state` without the
+tensors). The directory is written hidden, then renamed into place by rank 0 after all ranks are done, so
+`last` always names a whole checkpoint.
+
+DCP stores each tensor with its global shape and reshards on load: a checkpoint written by N ranks loads
+into M ranks, or into one process and a plain, unsharded model. Every function here is a collective under
+torchrun: call it on all ranks, on facts all ranks share. On several machines the run directory must be one
+every rank reaches (a shared filesystem): the shards of one checkpoint are written from every host into it.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+from trainwise.errors import RunDirError
+from trainwise.run_integrity import CheckpointChoice
+from trainwise.train.distributed import barrier, broadcast_from_main
+
+if TYPE_CHECKING:
+    from trainwise.run import RunDir
+    from trainwise.train.trainer import Trainer
+
+
+@contextmanager
+def _one_process_is_intended() -> Iterator[None]:
+    # fsdp in one process (a run resumed on fewer machines) uses DCP without a process group, on purpose
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def save(trainer: "Trainer", write_state: Callable[[Any], Any], *, is_best: bool) -> Path:
+    """Write the checkpoint of `trainer.step`: the shards from every rank, the rest (`write_state(file)`)
+    from rank 0."""
+    dirs = trainer.run_dir.checkpoint_dirs
+    partial = dirs.begin(trainer.step)  # rank 0 clears a killed save's leftovers and makes the directory
+    barrier(trainer.ranks)  # ... before any rank writes into it
+    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+    with _one_process_is_intended():
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
+    dirs.write_state(partial, write_state)
+    path = dirs.commit(trainer.step, is_best=is_best, keep_last=trainer.config.checkpoint.keep_last)
+    barrier(trainer.ranks)  # nobody goes on (or stops) before the checkpoint is committed
+    return path
+
+
+def load(trainer: "Trainer", directory: Path) -> dict[str, Any]:
+    """Load the model and optimizer shards into `trainer` (resharded to this many ranks); return the rest
+    of the training state for train/checkpoint.py to restore."""
+    from trainwise.train.checkpoint import read_checkpoint
+
+    # the current state dicts are the templates DCP fills: their shapes and shardings say what to read
+    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+    loaded = {"model": model_state, "optimizer": optimizer_state}
+    with _one_process_is_intended():
+        dcp.load(loaded, checkpoint_id=directory)
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=loaded["model"],
+                   optim_state_dict=loaded["optimizer"])
+    return read_checkpoint(trainer.run_dir.checkpoint_dirs.state_path(directory))
+
+
+def load_model(model: torch.nn.Module, directory: Path) -> None:
+    """Only the weights of a sharded checkpoint, into `model` (sharded or plain, any number of ranks)."""
+    state = {"model": get_model_state_dict(model)}
+    with _one_process_is_intended():
+        dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(model, state["model"])
+
+
+def full_model_state(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The whole, unsharded weights on rank 0 (gathered; the other ranks get {}), for model.safetensors."""
+    if not sharded:
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def latest(run_dir: "RunDir") -> CheckpointChoice:
+    """The checkpoint to resume from, as rank 0 sees it (RunDirError when there is none)."""
+    return run_dir.checkpoint_dirs.latest(run_dir.path)
+
+
+def choose(trainer: "Trainer") -> CheckpointChoice:
+    """The same checkpoint on every rank: rank 0 chooses, the others follow (a rank on another machine, or
+    behind an NFS cache, could see another `last`)."""
+    if not trainer.ranks.enabled:
+        return latest(trainer.run_dir)
+    choice: CheckpointChoice | RunDirError | None = None
+    if trainer.ranks.is_main:
+        try:
+            choice = latest(trainer.run_dir)
+        except RunDirError as error:  # every rank raises it, rather than the others waiting for a choice
+            choice = error
+    choice = broadcast_from_main(choice)
+    if isinstance(choice, RunDirError):
+        raise choice
+    return choice
