@@ -62,9 +62,26 @@ def test_resume_says_where_it_starts(tmp_path):
     run.initialise()
     trainer.fit()
     out = io.StringIO()
+    resume_run(run.path, [ProgressDisplay(Console(file=out, force_terminal=False, width=200))])
+    assert "resuming from step 12 of 30 (epoch" in out.getvalue()
+
+
+def test_the_eta_after_a_resume_comes_from_the_pace_since_then(monkeypatch):
+    """Resumed at step 12 of 30, 3 steps took 3 s here: 15 steps remain, so 15 s (not 0 s as if the first
+    12 steps had cost nothing)."""
+    import trainwise.train.progress as progress
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock["now"])
+    out = io.StringIO()
     display = ProgressDisplay(Console(file=out, force_terminal=False, width=200))
-    resume_run(run.path, [display])
-    text = out.getvalue()
-    assert "resuming from step 12 of 30 (epoch" in text
-    etas = [float(line.rsplit("eta ", 1)[1].rstrip("s")) for line in text.splitlines() if "eta " in line]
-    assert etas[0] > 0  # from the pace since the resume, not as if 12 steps had taken no time
+
+    class Resumed:  # what the display reads of a trainer
+        step, max_steps, epoch, device, precision = 12, 30, 1, "cpu", "fp32"
+        run_dir = RunDir("runs/x")
+
+    trainer = Resumed()
+    display.on_fit_start(trainer)
+    trainer.step, clock["now"] = 15, 103.0
+    display.on_log(trainer, {"loss": 0.5, "lr": 1e-3, "samples_per_s": 100.0, "data_wait_fraction": 0.0})
+    assert "eta 15s" in out.getvalue()

@@ -9,7 +9,6 @@ modification times (cheap on millions of files; touching a file counts as a chan
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import warnings
 from collections.abc import Callable

@@ -74,7 +74,7 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
         model, train.inputs[:rows], train.targets[:rows], optimizer=build_optimizer(model.to(device), config.optim),
         loss_fn=default_loss(spec.task, config.train.label_smoothing),
         precision=resolve_precision(config.train.precision, device), device=device,
-        grad_clip_norm=config.train.grad_clip_norm))
+        grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name))
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 

@@ -32,7 +32,7 @@ CHECKS = ("Check the model's forward returns its output without `.detach()`, `.i
 def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
                       optimizer: torch.optim.Optimizer, loss_fn, precision: str = "fp32",
                       device: torch.device | None = None, grad_clip_norm: float | None = 1.0,
-                      steps: int = PROBE_STEPS) -> Finding:
+                      steps: int = PROBE_STEPS, model_name: str | None = None) -> Finding:
     """Train `model` on one batch for `steps` steps; an info finding when the loss falls sharply, a warning
     when it falls slowly, an error when it does not fall or the step fails."""
     from trainwise.train.step import TrainStep
@@ -40,7 +40,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
     device = device or torch.device("cpu")
     model.to(device).train()
     step = TrainStep(model, optimizer, loss_fn=loss_fn, precision=precision, device=device,  # type: ignore[arg-type]
-                     accumulation_steps=1, grad_clip_norm=grad_clip_norm)
+                     accumulation_steps=1, grad_clip_norm=grad_clip_norm, model_name=model_name)
     batch = [(inputs, targets)]
     started = time.perf_counter()
     losses: list[float] = []

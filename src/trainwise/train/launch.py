@@ -52,10 +52,11 @@ def launch(command: list[str], plan: Launch) -> int:
     try:
         run(get_args_parser().parse_args(plan.torchrun_args(command)))
     except ChildFailedError as failed:
-        codes = {rank: failure.exitcode for rank, failure in failed.failures.items()}
+        failures = failed.failures
+        codes = {rank: failure.exitcode for rank, failure in failures.items()}
         if codes and all(code == STOPPED_EXIT_CODE for code in codes.values()):
             return STOPPED_EXIT_CODE  # every rank stopped on the same step and checkpointed
-        first = min(codes, key=lambda rank: failed.failures[rank].timestamp) if codes else None
+        first = min(codes, key=lambda rank: failures[rank].timestamp) if codes else None
         if first is not None and codes[first] == 2:
             return 2  # bad input: that rank printed the message
         died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in sorted(codes.items()))
