@@ -48,7 +48,8 @@ def launched_ranks() -> Ranks:
 
 def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Ranks:
     """Join the process group torchrun set up (NCCL on CUDA, Gloo on the CPU); a no-op for one process, unless
-    torchrun started it for a `sharded` (fsdp) run: FSDP over one rank is the 1-GPU smoke of the real path.
+    torchrun started it for an explicit ddp or fsdp run (`sharded`): DDP or FSDP over one rank is the 1-GPU
+    smoke of the real path.
     A collective that waits `timeout_s` for a dead or stuck rank raises instead of hanging the job."""
     ranks = launched_ranks()
     one_under_torchrun = sharded and "TORCHELASTIC_RUN_ID" in os.environ
@@ -70,7 +71,7 @@ def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:
     if requested == "single" and ranks.enabled:
         raise ConfigError(f"train.strategy=single, but torchrun started {ranks.world_size} ranks. Use "
                           "train.strategy=ddp or fsdp (or auto), or run one process without torchrun.")
-    if requested == "ddp" and not ranks.enabled:
+    if requested == "ddp" and not ranks.enabled and not dist.is_initialized():  # one rank under torchrun: a smoke
         raise ConfigError("train.strategy=ddp needs several processes, but this is one. Launch it with "
                           "`torchrun --nproc_per_node=N -m trainwise train ...`, or set train.strategy=single "
                           "(or auto).")

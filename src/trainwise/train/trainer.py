@@ -55,7 +55,7 @@ class Trainer:
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
         # one process, or one rank of a torchrun job
-        self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy == "fsdp")
+        self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy in ("ddp", "fsdp"))
         self.strategy = resolve_strategy(config.train.strategy, self.ranks)
         self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
         self.task = data_spec.task if data_spec else "classification"
