@@ -124,8 +124,9 @@ def _planned_strategy(config, ranks: int) -> list[str]:
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
-           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`.")
-           ) -> None:
+           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`."),
+           trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made "
+                                           "by someone else names (read its config.yaml first).")) -> None:
     """Continue a run from its last checkpoint with its saved config.
 
     Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
@@ -133,9 +134,10 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     from trainwise.train.run import resume_run
 
     if nproc is not None and not inside_a_launch():
-        raise typer.Exit(launch(["resume", str(run_dir)], Launch(nproc, run_id=run_dir.name)))
+        command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else [])
+        raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
     with _exit_code_of_the_run(run_dir):
-        run = resume_run(run_dir)
+        run = resume_run(run_dir, trust_code=trust_code)
     _finish(run.read_summary(), run.path)
 
 

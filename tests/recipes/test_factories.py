@@ -83,12 +83,17 @@ def test_a_module_that_fails_while_importing_is_reported_with_its_traceback(user
 
 
 @pytest.mark.parametrize("reference, phrase", [
-    ("builtins:dict", "builtins:dict returned dict, expected a torch.nn.Module"),  # no inspectable signature
-    ("builtins:len", "raised TypeError"),
-    ("os.path:sep", "is not callable"),
+    # a run directory's config must not run the standard library: `os:system` would run a shell command
+    ("builtins:dict", "names the Python standard library"),
+    ("builtins:len", "names the Python standard library"),
+    ("os:system", "names the Python standard library"),
+    ("subprocess:run", "names the Python standard library"),
+    ("tests.recipes.test_factories:reexported_system", "from the Python standard library"),
+    ("tests.recipes.test_factories:SPEC", "is not callable"),
     ("os..path:join", "not of the form package.module:function"),
 ])
 def test_builtins_and_odd_references_are_refused_clearly(reference, phrase):
+    """None of them is called: the refusal comes before any code of theirs runs."""
     with pytest.raises(ConfigError, match=phrase.replace("(", r"\(").replace(")", r"\)")):
         build_model(_model_config(reference), SPEC)
 
@@ -124,3 +129,6 @@ def test_any_other_error_of_a_builtin_is_a_bug_and_keeps_its_type(monkeypatch):
 def test_builtins_build_with_their_schema_defaults():
     config = tiny_config(model={"name": "mlp", "args": {}})
     assert isinstance(build_model(config, SPEC), nn.Module)
+
+
+reexported_system = __import__("os").system  # a user module that re-exports the standard library's

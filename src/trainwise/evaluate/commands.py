@@ -28,12 +28,14 @@ def eval_command(
     checkpoint: str = typer.Option("best", help="Weights: best or last checkpoint, or final "
                                    "(model.safetensors)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON instead of tables."),
+    trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made by "
+                                    "someone else names (read its config.yaml first)."),
 ) -> None:
     """Measure a run on a split: every metric, the confusion matrix, warnings; writes RUN/eval/."""
     from trainwise.evaluate.report import headline
     from trainwise.evaluate.run_eval import evaluate_run
 
-    result = evaluate_run(run_dir, split=split, checkpoint=checkpoint)  # type: ignore[arg-type]
+    result = evaluate_run(run_dir, split=split, checkpoint=checkpoint, trust_code=trust_code)  # type: ignore[arg-type]
     if as_json:
         print(json.dumps(result, indent=2))
         return

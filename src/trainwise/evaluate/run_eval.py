@@ -20,6 +20,7 @@ from trainwise.errors import DataError, RunDirError
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.run import RunDir
+from trainwise.run_trust import require_trust
 
 Checkpoint = Literal["best", "last", "final"]
 SPLITS = ("train", "val", "test")
@@ -44,8 +45,9 @@ def read_eval(run: RunDir) -> dict[str, Any] | None:
 
 
 def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", checkpoint: Checkpoint = "best",
-                 *, device: str = "auto") -> dict[str, Any]:
-    """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors)."""
+                 *, device: str = "auto", trust_code: bool = False) -> dict[str, Any]:
+    """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors).
+    A run made by someone else that names factories runs none of them without `trust_code`."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.train import predict, resolve_device
 
@@ -54,6 +56,7 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
         raise DataError(f"--split {split!r}: choose one of {', '.join(SPLITS)}.")
     run.remove_stale_temp_files()  # left by a writer killed mid-write; kept while a writer is live
     config = run.read_config()
+    require_trust(run, config, trust_code=trust_code, command="eval")
     bundle = build_data(config)
     dataset = getattr(bundle, split)
     if dataset is None or len(dataset) == 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 import reprlib
 import traceback
 from collections.abc import Callable
@@ -34,6 +35,9 @@ def import_factory(reference: str, field: str) -> Callable[..., Any]:
     if not _FACTORY.match(reference):
         raise ConfigError(f"{field}: {reference!r} is not of the form package.module:function.")
     module_name, _, attr_path = reference.partition(":")
+    if _is_standard_library(module_name):  # `os:system` with args {command: ...} would run a shell command
+        raise ConfigError(f"{field}: {reference!r} names the Python standard library; a factory must be your own "
+                          "code (package.module:function in your project), which builds a model or data.")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as e:
@@ -48,7 +52,15 @@ def import_factory(reference: str, field: str) -> Callable[..., Any]:
         target = getattr(target, attr)
     if not callable(target):
         raise ConfigError(f"{field}: {reference!r} is not callable.")
+    if _is_standard_library(getattr(target, "__module__", None) or ""):  # re-exported: mypkg.run = os.system
+        raise ConfigError(f"{field}: {reference!r} is {target.__module__}.{getattr(target, '__name__', '?')} from "
+                          "the Python standard library; a factory must be your own code.")
     return target
+
+
+def _is_standard_library(module_name: str) -> bool:
+    top = module_name.partition(".")[0]
+    return top in ("builtins", "posix", "nt", "__main__") or top in sys.stdlib_module_names
 
 
 def build_data(config: RunConfig) -> DataBundle:

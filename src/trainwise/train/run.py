@@ -14,6 +14,7 @@ from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.run import RunDir
+from trainwise.run_trust import require_trust
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.checkpoint import latest_checkpoint
@@ -61,9 +62,11 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
     return trainer.run_dir
 
 
-def resume_run(path: str | Path, callbacks: Sequence[Callback] = ()) -> RunDir:
-    """Continue a run from its last checkpoint, with the config it was started with."""
+def resume_run(path: str | Path, callbacks: Sequence[Callback] = (), *, trust_code: bool = False) -> RunDir:
+    """Continue a run from its last checkpoint, with the config it was started with. A run made by someone
+    else that names factories runs none of them without `trust_code`."""
     run = RunDir.open(path)
+    require_trust(run, run.read_config(), trust_code=trust_code, command="resume")  # before the lock says "us"
     if launched_ranks().is_main:
         run.acquire_writer()  # one writer per run directory: a second resume is refused here
     if run.read_summary().get("status") == "completed":
