@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trainwise import run_lock, run_records
 from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
-from trainwise.run_checkpoint_dirs import CheckpointDirs
+from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
 from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, free_space_warning,
                                      load_weights_file, newest_intact)
 from trainwise.run_lock import Holder
@@ -327,14 +327,7 @@ class RunDir:
 
     def step_checkpoints(self) -> list[tuple[int, Path]]:
         """Step checkpoints on disk, oldest first."""
-        if not self.checkpoints_dir.is_dir():
-            return []
-        found = []
-        for p in self.checkpoints_dir.glob(f"{_CHECKPOINT_PREFIX}*{_CHECKPOINT_SUFFIX}"):
-            digits = p.name[len(_CHECKPOINT_PREFIX):-len(_CHECKPOINT_SUFFIX)]
-            if digits.isdigit():
-                found.append((int(digits), p))
-        return sorted(found)
+        return numbered(self.checkpoints_dir, _CHECKPOINT_PREFIX, _CHECKPOINT_SUFFIX)
 
     def save_checkpoint(self, step: int, write, *, is_best: bool, keep_last: int) -> Path:
         """Write the checkpoint of `step` atomically with its checksum, point `last` (and `best`) at it,

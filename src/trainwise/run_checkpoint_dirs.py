@@ -19,6 +19,19 @@ from trainwise.atomic import atomic_write
 from trainwise.errors import RunDirError
 from trainwise.run_integrity import CheckpointChoice
 
+
+def numbered(root: Path, prefix: str, suffix: str = "", keep: Callable[[Path], bool] = lambda p: True
+             ) -> list[tuple[int, Path]]:
+    """`PREFIX<step>SUFFIX` entries of `root` that `keep` accepts, as (step, path), oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.glob(f"{prefix}*{suffix}"):
+        digits = p.name[len(prefix):len(p.name) - len(suffix)]
+        if digits.isdigit() and keep(p):
+            found.append((int(digits), p))
+    return sorted(found)
+
 _PARTIAL = ".partial"  # not atomic.TEMP_SUFFIX: the temp-file sweep unlinks files, and these are directories
 _POINTERS = ("last", "best")
 
@@ -46,14 +59,7 @@ class CheckpointDirs:
 
     def steps(self) -> list[tuple[int, Path]]:
         """Committed step directories, oldest first."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for p in self.root.glob(f"{self.prefix}*"):
-            digits = p.name[len(self.prefix):]
-            if digits.isdigit() and p.is_dir() and not p.is_symlink():
-                found.append((int(digits), p))
-        return sorted(found)
+        return numbered(self.root, self.prefix, keep=lambda p: p.is_dir() and not p.is_symlink())
 
     def pointer(self, name: str) -> Path | None:
         """The step directory `last` or `best` names, or None (no pointer, or it names nothing)."""
