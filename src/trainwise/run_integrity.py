@@ -134,11 +134,12 @@ def newest_intact(run: Path, last: Path, steps: list[tuple[int, Path]], ledger: 
 
 def free_space_warning(run: Path, existing: list[Path], checkpoint_bytes: int, keep_last: int) -> str | None:
     """See RunDir.check_free_space. Kept at once: `keep_last` step checkpoints, `best` once rotated out, and
-    the one being written (`last` is a hard link, no space of its own); `existing` files are reused."""
+    the one being written (`last` is a hard link, no space of its own); `existing` checkpoints (files, or
+    directories of shards) are reused."""
     kept = keep_last + 2
     directory = next(p for p in (run, *run.parents) if p.is_dir())
     free = shutil.disk_usage(directory).free
-    reusable = sum({_inode(p): p.stat().st_size for p in existing if p.exists()}.values())
+    reusable = bytes_held(existing)
     needed = kept * checkpoint_bytes
     if free + reusable >= needed:
         return None
@@ -147,6 +148,21 @@ def free_space_warning(run: Path, existing: list[Path], checkpoint_bytes: int, k
             f"{mib(checkpoint_bytes)} MiB at once ({keep_last} kept, `best` and the one being written): "
             f"{mib(needed)} MiB. Training will stop with 'no space left' when the disk fills. Free some space, "
             "lower checkpoint.keep_last, or train onto a bigger disk (--out).")
+
+
+def bytes_held(paths: Iterable[Path]) -> int:
+    """The bytes the files at `paths` hold, a directory counting every file under it; a file reached twice
+    (a hard link, or a directory named through a symlink) counts once."""
+    sizes: dict[tuple[int, int], int] = {}
+    for path in paths:
+        files = (f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for file in files:
+            try:
+                st = file.stat()
+            except FileNotFoundError:  # rotated out while we looked
+                continue
+            sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
 
 
 def load_weights_file(path: Path, *, verified: bool) -> dict[str, Any]:

@@ -124,11 +124,11 @@ def test_refuses_when_free_space_is_short_with_the_numbers(image_folder, tmp_pat
 
 def test_the_doctors_system_disk_warning_is_passed_on(image_folder, tmp_path, monkeypatch):
     from trainwise.doctor import disk
-    from trainwise.doctor.findings import Finding
+    from trainwise.findings import Finding
 
     monkeypatch.setattr(disk, "check_data_dir", lambda path, **_: [
-        Finding("warn", "Data disk", f"{path} is on the system disk", {}, "Put the data on a data disk"),
-        Finding("ok", "Disk kind", "an SSD", {})])
+        Finding("data_disk", "warn", "Data disk", f"{path} is on the system disk", {}, ["Put the data on a data disk"]),
+        Finding("disk_type", "info", "Disk type", "an SSD", {})])
     result = prepare(image_folder, tmp_path / "out", OPTIONS, workers=1)
     assert result.warnings == [f"{tmp_path / 'out'} is on the system disk. Put the data on a data disk"]
 

@@ -1,12 +1,13 @@
 """The doctor's software checks, run on recorded machines and on facts changed one field at a time."""
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from trainwise.doctor.checks import has_kernels, run_checks
 from trainwise.doctor.facts import AllReduceFacts, load_facts
-from trainwise.doctor.findings import worst
+from trainwise.findings import worst
 from trainwise.doctor.install import driver_install_steps, pick_torch_wheel
 
 FACTS = Path(__file__).parent / "facts"
@@ -26,63 +27,67 @@ def change(facts, part, **fields):
 
 def test_every_finding_is_complete():
     for path in FACTS.glob("*.json"):
-        for f in run_checks(load_facts(path)):
-            assert f.status in ("ok", "warn", "fail") and f.title and f.finding and "\n" not in f.finding
+        found = run_checks(load_facts(path))
+        # the product's one record: a stable code per check (per card for the GPU checks), for scripts
+        keys = [(f.code, f.evidence.get("gpu")) for f in found if f.code != "gpu_kernels"]
+        assert len(keys) == len(set(keys)) and all(re.fullmatch(r"[a-z0-9_]+", f.code) for f in found)
+        for f in found:
+            assert f.severity in ("info", "warn", "error") and f.title and f.detail and "\n" not in f.detail
             assert isinstance(f.evidence, dict)
-            if f.status != "ok":
-                assert f.fix, f"{path.stem}: {f.title} has no fix"
+            if f.severity != "info":
+                assert f.fixes, f"{path.stem}: {f.title} has no fix"
 
 
 def test_this_machine_is_a_healthy_cpu_box():
     found = findings(machine("this_machine_cpu"))
-    assert found["GPU visibility"].status == "ok" and "CPU" in found["GPU visibility"].finding
-    assert found["PyTorch build"].finding.startswith("CPU build")
-    assert worst(list(found.values())) != "fail"
+    assert found["GPU visibility"].severity == "info" and "CPU" in found["GPU visibility"].detail
+    assert found["PyTorch build"].detail.startswith("CPU build")
+    assert worst(list(found.values())) != "error"
 
 
 def test_t4_with_old_driver_fails_with_the_upgrade_path():
     found = findings(machine("t4_old_driver"))
     driver = found["Driver vs CUDA"]
-    assert driver.status == "fail" and "driver too old" in driver.finding
-    assert "560.28.03" in driver.fix and "ubuntu2004" in driver.fix and "cuda-keyring" in driver.fix
-    assert "whl/cu118" in driver.fix  # or keep the driver: a torch built for CUDA 11
-    assert found["GPU visibility"].status == "fail" and "driver too old" in found["GPU visibility"].finding
-    assert found["Precision"].evidence["bf16"] is False and "fp16" in found["Precision"].finding
+    assert driver.severity == "error" and "driver too old" in driver.detail
+    assert "560.28.03" in driver.fixes[0] and "ubuntu2004" in driver.fixes[0] and "cuda-keyring" in driver.fixes[0]
+    assert "whl/cu118" in driver.fixes[0]  # or keep the driver: a torch built for CUDA 11
+    assert found["GPU visibility"].severity == "error" and "driver too old" in found["GPU visibility"].detail
+    assert found["Precision"].evidence["bf16"] is False and "fp16" in found["Precision"].detail
 
 
 def test_h200_box_is_ready():
     found = findings(machine("h200"))
     for title in ("PyTorch build", "GPU visibility", "Driver vs CUDA", "GPU kernels", "Install guidance",
                   "GPU 0 temperature", "GPU 0 clocks", "GPU 0 memory errors", "GPU 0 in use"):
-        assert found[title].status == "ok", (title, found[title].finding)
+        assert found[title].severity == "info", (title, found[title].detail)
     assert found["Precision"].evidence["bf16"] and found["Precision"].evidence["tf32"]
-    assert "cudnn" in found["PyTorch build"].evidence and "9.7.1" in found["PyTorch build"].finding
+    assert "cudnn" in found["PyTorch build"].evidence and "9.7.1" in found["PyTorch build"].detail
 
 
 def test_cpu_torch_on_a_gpu_machine_names_the_wheel():
     found = findings(machine("cpu_torch_on_gpu"))
     visibility = found["GPU visibility"]
-    assert visibility.status == "fail" and "Torch not compiled with CUDA" in visibility.finding
-    assert "pip uninstall -y torch" in visibility.fix and "download.pytorch.org/whl/cu126" in visibility.fix
-    assert found["Python environment"].status == "warn" and "python3 -m venv" in found["Python environment"].fix
+    assert visibility.severity == "error" and "Torch not compiled with CUDA" in visibility.detail
+    assert "pip uninstall -y torch" in visibility.fixes[0] and "download.pytorch.org/whl/cu126" in visibility.fixes[0]
+    assert found["Python environment"].severity == "warn" and "python3 -m venv" in found["Python environment"].fixes[0]
 
 
 def test_blackwell_card_with_an_old_wheel_has_no_kernels():
     kernels = findings(machine("rtx5090_old_wheel"))["GPU kernels"]
-    assert kernels.status == "fail" and "no kernel image is available" in kernels.finding
-    assert kernels.fix.endswith("whl/cu128")
+    assert kernels.severity == "error" and "no kernel image is available" in kernels.detail
+    assert kernels.fixes[0].endswith("whl/cu128")
 
 
 def test_two_gpus_without_p2p_warn_and_a_failed_all_reduce_fails():
     facts = machine("two_gpu_hot")
     found = findings(facts)
-    assert found["Peer access"].status == "warn" and "0↔1" in found["Peer access"].finding
-    assert found["All-reduce"].status == "ok"
+    assert found["Peer access"].severity == "warn" and "0↔1" in found["Peer access"].detail
+    assert found["All-reduce"].severity == "info"
     broken = change(facts, "torch", all_reduce=AllReduceFacts("nccl", 2, ok=False, seconds=60.0, error="hung"))
     failed = findings(broken)["All-reduce"]
-    assert failed.status == "fail" and "NCCL_DEBUG=INFO" in failed.fix
+    assert failed.severity == "error" and "NCCL_DEBUG=INFO" in failed.fixes[0]
     linked = change(facts, "torch", peer_access=[[True, True], [True, True]])
-    assert findings(linked)["Peer access"].status == "ok"
+    assert findings(linked)["Peer access"].severity == "info"
 
 
 @pytest.mark.parametrize("cvd", ["", "-1"])
@@ -91,48 +96,50 @@ def test_cuda_visible_devices_that_hides_every_gpu(cvd):
     hidden = change(change(facts, "host", cuda_visible_devices=cvd), "torch", device_count=0, devices=[],
                     cuda_available=False, arch_list=[])
     found = findings(hidden)["GPU visibility"]
-    assert found.status == "fail" and "hides every GPU" in found.finding and "unset CUDA_VISIBLE_DEVICES" in found.fix
+    assert found.severity == "error" and "hides every GPU" in found.detail
+    assert "unset CUDA_VISIBLE_DEVICES" in found.fixes[0]
 
 
 def test_fewer_gpus_in_torch_than_nvml():
     facts = machine("two_gpu_hot")
     one = change(facts, "torch", device_count=1, devices=facts.torch.devices[:1], peer_access=None, all_reduce=None)
-    assert findings(one)["GPU visibility"].status == "warn"
+    assert findings(one)["GPU visibility"].severity == "warn"
     explained = change(one, "host", cuda_visible_devices="0")
-    assert findings(explained)["GPU visibility"].status == "ok"
+    assert findings(explained)["GPU visibility"].severity == "info"
 
 
 def test_torch_sees_no_gpu_for_another_reason_quotes_torch():
     facts = change(machine("h200"), "torch", device_count=0, devices=[], cuda_available=False, arch_list=[],
                    cuda_error="CUDA unknown error - this may be due to an incorrectly set up environment")
     found = findings(facts)["GPU visibility"]
-    assert found.status == "fail" and "CUDA unknown error" in found.finding
+    assert found.severity == "error" and "CUDA unknown error" in found.detail
 
 
 def test_gpu_on_the_bus_without_a_driver():
     facts = change(machine("this_machine_cpu"), "host", nvidia_pci_devices=1)
     found = findings(facts)
-    assert found["GPU visibility"].status == "fail" and "debian12" in found["GPU visibility"].fix
-    assert found["Install guidance"].status == "warn" and "cuda-drivers" in found["Install guidance"].fix
+    assert found["GPU visibility"].severity == "error" and "debian12" in found["GPU visibility"].fixes[0]
+    assert found["Install guidance"].severity == "warn" and "cuda-drivers" in found["Install guidance"].fixes[0]
 
 
 def test_driver_one_minor_behind_runs_by_minor_version_compatibility():
     facts = change(machine("h200"), "nvml", cuda_driver_version="12.4", driver_version="550.54.14")
     found = findings(facts)["Driver vs CUDA"]
-    assert found.status == "warn" and "minor-version compatibility" in found.finding and "570.26" in found.fix
+    assert found.severity == "warn" and "minor-version compatibility" in found.detail and "570.26" in found.fixes[0]
 
 
 @pytest.mark.parametrize("python, numpy, torch, status", [
-    ("3.11.9", "2.1.3", "2.13.0", "ok"), ("3.9.18", "1.26.4", "2.13.0", "fail"), ("3.11.9", "2.1.3", "2.2.2", "fail"),
-    ("3.11.9", "1.26.4", "2.2.2", "ok")])
+    ("3.11.9", "2.1.3", "2.13.0", "info"), ("3.9.18", "1.26.4", "2.13.0", "error"),
+    ("3.11.9", "2.1.3", "2.2.2", "error"),
+    ("3.11.9", "1.26.4", "2.2.2", "info")])
 def test_versions(python, numpy, torch, status):
     facts = change(change(machine("h200"), "python", version=python, numpy_version=numpy), "torch", version=torch)
-    assert findings(facts)["Versions"].status == status
+    assert findings(facts)["Versions"].severity == status
 
 
 def test_conda_env_is_fine():
     facts = change(machine("cpu_torch_on_gpu"), "python", conda_prefix="/opt/conda/envs/train")
-    assert findings(facts)["Python environment"].status == "ok"
+    assert findings(facts)["Python environment"].severity == "info"
 
 
 def test_pip_conflicts_become_one_install_command():
@@ -140,20 +147,20 @@ def test_pip_conflicts_become_one_install_command():
         "torchvision 0.20.0 has requirement torch==2.5.0, but you have torch 2.13.0.",
         "litdata 0.2.76 requires torchvision, which is not installed."])
     found = findings(facts)["Package conflicts"]
-    assert found.status == "warn" and found.fix == 'pip install "torch==2.5.0" "torchvision"'
+    assert found.severity == "warn" and found.fixes[0] == 'pip install "torch==2.5.0" "torchvision"'
     assert "Package conflicts" not in findings(change(facts, "python", pip_check_ran=False))
 
 
 def test_cuda_build_missing_pieces_warn():
     facts = machine("two_gpu_hot")
-    assert findings(change(facts, "torch", cudnn_version=None))["PyTorch build"].status == "warn"
+    assert findings(change(facts, "torch", cudnn_version=None))["PyTorch build"].severity == "warn"
     no_nccl = findings(change(facts, "torch", nccl_available=False, nccl_version=None))["PyTorch build"]
-    assert no_nccl.status == "warn" and "gloo" in no_nccl.finding
+    assert no_nccl.severity == "warn" and "gloo" in no_nccl.detail
 
 
 def test_tf32_enabled_is_reported():
     found = findings(change(machine("h200"), "torch", float32_matmul_precision="high"))["Precision"]
-    assert "TF32 enabled" in found.finding and found.fix is None
+    assert "TF32 enabled" in found.detail and found.fixes == ()
 
 
 @pytest.mark.parametrize("cc, arch, ok", [

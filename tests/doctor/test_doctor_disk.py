@@ -21,44 +21,44 @@ def by_title(findings):
 
 def test_separate_nvme_data_disk_is_all_ok():
     found = by_title(disk_findings(facts()))
-    assert [f.status for f in found.values()] == ["ok", "ok", "ok"]
-    assert "NVMe" in found["Disk type"].finding
+    assert [f.severity for f in found.values()] == ["info", "info", "info"]
+    assert "NVMe" in found["Disk type"].detail
 
 
 def test_data_on_the_system_disk_warns_with_a_way_out():
     found = by_title(disk_findings(facts(device="259:1", block_device="nvme0n1")))["Data disk"]
-    assert found.status == "warn" and "system disk" in found.finding
-    assert "--data-dir" in found.fix and "lsblk" in found.fix
+    assert found.severity == "warn" and "system disk" in found.detail
+    assert "--data-dir" in found.fixes[0] and "lsblk" in found.fixes[0]
 
 
 def test_another_partition_of_the_system_disk_warns():
     found = by_title(disk_findings(facts(block_device="nvme0n1")))["Data disk"]
-    assert found.status == "warn" and "partition" in found.finding
+    assert found.severity == "warn" and "partition" in found.detail
 
 
 def test_network_filesystem_warns():
     found = by_title(disk_findings(facts(filesystem="nfs4", block_device=None, source="nas:/export")))
-    assert found["Data disk"].status == "warn" and "network" in found["Data disk"].finding
+    assert found["Data disk"].severity == "warn" and "network" in found["Data disk"].detail
 
 
 @pytest.mark.parametrize("free, required, status", [
-    (800 * GIB, None, "ok"), (15 * GIB, None, "warn"), (50 * GIB, None, "warn"),  # 50 of 1800 GiB < 5%
-    (GIB // 2, None, "fail"), (100 * GIB, 200 * GIB, "fail"), (300 * GIB, 200 * GIB, "ok")])
+    (800 * GIB, None, "info"), (15 * GIB, None, "warn"), (50 * GIB, None, "warn"),  # 50 of 1800 GiB < 5%
+    (GIB // 2, None, "error"), (100 * GIB, 200 * GIB, "error"), (300 * GIB, 200 * GIB, "info")])
 def test_free_space_thresholds(free, required, status):
     found = by_title(disk_findings(facts(free_bytes=free), required_bytes=required))["Free space"]
-    assert found.status == status
-    if status != "ok":
-        assert found.fix
+    assert found.severity == status
+    if status != "info":
+        assert found.fixes
 
 
 def test_read_only_directory_fails():
-    assert by_title(disk_findings(facts(writable=False)))["Free space"].status == "fail"
+    assert by_title(disk_findings(facts(writable=False)))["Free space"].severity == "error"
 
 
 def test_spinning_disk_warns_but_virtual_disk_does_not():
-    assert by_title(disk_findings(facts(block_device="sdb", rotational=True)))["Disk type"].status == "warn"
+    assert by_title(disk_findings(facts(block_device="sdb", rotational=True)))["Disk type"].severity == "warn"
     virtual = by_title(disk_findings(facts(block_device="vdb", rotational=True, virtual_disk=True)))["Disk type"]
-    assert virtual.status == "ok" and "virtual" in virtual.finding and "fio" in virtual.fix
+    assert virtual.severity == "info" and "virtual" in virtual.detail and "fio" in virtual.fixes[0]
 
 
 def test_probe_on_this_machine_matches_os_stat(tmp_path):
@@ -73,4 +73,4 @@ def test_probe_on_this_machine_matches_os_stat(tmp_path):
 def test_check_data_dir_returns_the_three_findings(tmp_path):
     found = check_data_dir(tmp_path)
     assert [f.title for f in found] == ["Data disk", "Free space", "Disk type"]
-    assert all(f.status in ("ok", "warn", "fail") for f in found)
+    assert all(f.severity in ("info", "warn", "error") for f in found)

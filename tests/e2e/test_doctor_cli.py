@@ -25,9 +25,9 @@ def test_json_findings_for_a_recorded_h200():
     result = doctor("--facts", str(FACTS / "h200.json"), "--json")
     assert result.exit_code == 0, result.output
     findings = json.loads(result.stdout)
-    assert all({"status", "title", "finding", "evidence", "fix"} == set(f) for f in findings)
+    assert all({"code", "severity", "title", "detail", "evidence", "fixes", "step"} == set(f) for f in findings)
     titles = by_title(result)
-    assert titles["Driver vs CUDA"]["status"] == "ok" and titles["GPU 0 temperature"]["status"] == "ok"
+    assert titles["Driver vs CUDA"]["severity"] == "info" and titles["GPU 0 temperature"]["severity"] == "info"
 
 
 def test_a_failing_machine_exits_1_and_prints_the_fix():
@@ -42,7 +42,7 @@ def test_temperature_thresholds_from_the_command_line():
     hot = str(FACTS / "two_gpu_hot.json")
     default, strict = by_title(doctor("--facts", hot, "--json")), by_title(
         doctor("--facts", hot, "--json", "--temperature-warn", "60"))
-    assert default["GPU 0 temperature"]["status"] == "ok" and strict["GPU 0 temperature"]["status"] == "warn"
+    assert default["GPU 0 temperature"]["severity"] == "info" and strict["GPU 0 temperature"]["severity"] == "warn"
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_the_header_says_whether_the_machine_is_this_one_or_a_recorded_one(tmp_p
 
     recorded = load_facts(FACTS / "this_machine_cpu.json")
     recorded.description = "Recorded by trainwise doctor: Debian 12, no NVIDIA GPU, driver -, torch 2.13.0+cpu"
-    monkeypatch.setattr(facts_module, "collect_facts", lambda data_dir: recorded)
+    monkeypatch.setattr(facts_module, "collect_facts", lambda data_dir, **job: recorded)
     live = doctor("--data-dir", str(tmp_path))
     assert live.stdout.startswith("This machine: Debian 12, no NVIDIA GPU") and "Recorded by" not in live.stdout
     replayed = doctor("--facts", str(FACTS / "h200.json"))
@@ -100,8 +100,8 @@ def test_a_data_dir_that_does_not_exist_is_a_warning_with_the_fix(tmp_path):
     facts = load_facts(FACTS / "this_machine_cpu.json")
     facts.disk = probe_disk(tmp_path / "typo" / "data")
     found = {f.title: f for f in run_checks(facts)}["Data directory"]
-    assert found.status == "warn" and f"{tmp_path / 'typo' / 'data'} does not exist" in found.finding
-    assert f"mkdir -p {tmp_path / 'typo' / 'data'}" in found.fix
+    assert found.severity == "warn" and f"{tmp_path / 'typo' / 'data'} does not exist" in found.detail
+    assert f"mkdir -p {tmp_path / 'typo' / 'data'}" in found.fixes[0]
     facts.disk = probe_disk(tmp_path)
     assert "Data directory" not in {f.title for f in run_checks(facts)}
 
@@ -114,4 +114,4 @@ def test_one_dataloader_worker_is_singular():
     facts.host.cpu_usable = facts.host.cpu_logical = 2
     cores = {f.title: f for f in run_checks(facts)}["CPU cores"]
     assert cores.evidence["suggested_workers"] == 1
-    assert "1 DataLoader worker" in cores.finding and "1 DataLoader workers" not in cores.finding
+    assert "1 DataLoader worker" in cores.detail and "1 DataLoader workers" not in cores.detail

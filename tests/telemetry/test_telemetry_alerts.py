@@ -34,11 +34,11 @@ def test_a_power_cap_is_normal_under_load_and_suspicious_when_idle(utilization, 
 def test_a_hot_episode_is_reported_once_escalates_and_rearms():
     rules = AlertRules(SETTINGS)
     first = rules.check_sample(sample({"temperature_c": 82}))
-    assert [(a.kind, a.severity) for a in first] == [("gpu_temperature", "warning")]
-    assert "82 °C" in first[0].message and first[0].evidence["threshold_c"] == 80
+    assert [(a.code, a.severity) for a in first] == [("gpu_temperature", "warn")]
+    assert "82 °C" in first[0].title and first[0].evidence["threshold_c"] == 80 and "nvidia-smi" in first[0].fixes[0]
     assert rules.check_sample(sample({"temperature_c": 84})) == []  # same episode
     worse = rules.check_sample(sample({"temperature_c": 91}))
-    assert [(a.kind, a.severity) for a in worse] == [("gpu_temperature", "error")]
+    assert [(a.code, a.severity) for a in worse] == [("gpu_temperature", "error")]
     assert rules.check_sample(sample({"temperature_c": 85})) == []  # still hot, not new
     assert rules.check_sample(sample({"temperature_c": 60})) == []  # cleared
     assert len(rules.check_sample(sample({"temperature_c": 81}))) == 1  # a new episode
@@ -48,7 +48,7 @@ def test_each_gpu_has_its_own_episodes():
     rules = AlertRules(SETTINGS)
     alerts = rules.check_sample(sample({"temperature_c": 50}, {"temperature_c": 92, "throttle_reasons":
                                                                ["hw_thermal_slowdown"]}))
-    assert {(a.kind, a.evidence["gpu"]) for a in alerts} == {("gpu_temperature", 1), ("gpu_throttle", 1)}
+    assert {(a.code, a.evidence["gpu"]) for a in alerts} == {("gpu_temperature", 1), ("gpu_throttle", 1)}
 
 
 def test_configured_thresholds_are_used():
@@ -68,7 +68,8 @@ def test_starvation_needs_two_high_readings_in_a_row_and_is_reported_once():
     assert rules.check_starvation(0.1, [90.0]) == []
     assert rules.check_starvation(0.8, [12.0]) == []
     alerts = rules.check_starvation(0.7, [15.0])
-    assert [a.kind for a in alerts] == ["data_starvation"] and "num_workers" in alerts[0].message
+    assert [a.code for a in alerts] == ["data_starvation"] and "70%" in alerts[0].title
+    assert alerts[0].severity == "warn" and "num_workers" in alerts[0].fixes[0]
     assert alerts[0].evidence["data_wait_fraction"] == 0.7
     assert rules.check_starvation(0.9, [10.0]) == []
     rules.check_starvation(0.05, [99.0])  # recovered: re-armed
@@ -82,3 +83,14 @@ def test_thresholds_from_names_the_bad_value():
         thresholds_from(temperature_warn_c=90, temperature_fail_c=90)
     with pytest.raises(ConfigError, match="interval_s"):
         thresholds_from(interval_s=0)
+
+
+def test_alerts_are_the_products_one_finding_record():
+    from trainwise.findings import Finding
+
+    rules = AlertRules(SETTINGS)
+    found = rules.check_sample(sample({"temperature_c": 95, "throttle_reasons": ["sw_power_cap"],
+                                       "utilization_pct": 5}))
+    assert all(isinstance(f, Finding) and f.title and f.evidence and f.fixes for f in found)
+    assert {f.code: f.severity for f in found} == {"gpu_temperature": "error", "gpu_throttle": "warn"}
+    assert Finding.from_dict(found[0].to_dict()) == found[0]

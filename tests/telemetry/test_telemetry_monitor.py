@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from tests.doctor.fake_nvml import FakeGpu, install_fake_nvml
 from trainwise.cli import app
 from trainwise.errors import ConfigError
-from trainwise.telemetry.alerts import Alert
+from trainwise.findings import Finding
 from trainwise.telemetry.monitor import render, run_monitor
 
 
@@ -25,9 +25,9 @@ def test_screen_shows_every_gpu_field_and_alerts():
                         "memory_total_bytes": 140 * 2**30, "temperature_c": 84, "power_w": 650.0,
                         "power_limit_w": 700.0, "sm_clock_mhz": 1755, "fan_pct": None,
                         "throttle_reasons": ["gpu_idle", "sw_thermal_slowdown"]}]}
-    text = screen(render(sample, None, [Alert("gpu_temperature", "warning", "GPU 0 at 84 °C")]))
+    text = screen(render(sample, None, [Finding("gpu_temperature", "warn", "GPU 0 at 84 °C")]))
     for expected in ("NVIDIA H200", "97%", "70.0/140 GiB", "84 °C", "650/700 W", "1755 MHz", "sw_thermal_slowdown",
-                     "CPU 35%", "250.0 MB/s", "warning: GPU 0 at 84 °C"):
+                     "CPU 35%", "250.0 MB/s", "warn: GPU 0 at 84 °C"):
         assert expected in text
     assert "gpu_idle" not in text
 

@@ -1,14 +1,19 @@
 """The doctor's decisions: pure functions from `Facts` to `Finding`s, software first, then hardware.
 
     run_checks(facts) -> [Finding, ...]   # Python, PyTorch build, GPU visibility, driver vs CUDA, kernels,
-                                          # capabilities, install guidance, then host, disk and GPU health
+                                          # capabilities, install guidance, then host, disk and GPU health,
+                                          # then a job of several ranks (distributed.py)
+
+Each is a `trainwise.findings.Finding`: `code` names the check (stable, for scripts), `title` says what was
+checked ("GPU 0 temperature"), `detail` what was found; severity info means the check passed.
 """
 from __future__ import annotations
 
 from trainwise.config import TelemetryConfig
 from trainwise.doctor.disk import disk_findings
+from trainwise.doctor.distributed import distributed_findings
 from trainwise.doctor.facts import Facts
-from trainwise.doctor.findings import Finding
+from trainwise.findings import Finding
 from trainwise.doctor.gpu_health import gpu_health_findings
 from trainwise.doctor.host import host_findings
 from trainwise.doctor.install import (driver_for, driver_install_steps, parse_version,
@@ -27,6 +32,7 @@ def run_checks(facts: Facts, thresholds: TelemetryConfig | None = None) -> list[
                               gpu_memory_bytes=sum(g.memory_total_bytes or 0 for g in facts.nvml.gpus))
     findings += [data_directory(facts), *disk_findings(facts.disk)]
     findings += gpu_health_findings(facts.nvml.gpus, thresholds)
+    findings += distributed_findings(facts)  # with --nproc, or inside a launched job
     return [f for f in findings if f is not None]
 
 
@@ -36,7 +42,8 @@ def data_directory(f: Facts) -> Finding | None:
     d = f.disk
     if d.exists:
         return None
-    return Finding("warn", "Data directory", f"{d.path} does not exist; the disk checks below are for "
+    return Finding("data_directory", "warn", "Data directory",
+                   f"{d.path} does not exist; the disk checks below are for "
                    f"{d.probed_path}, the nearest existing directory above it",
                    {"path": d.path, "probed_path": d.probed_path},
                    f"Check the spelling, or create it: `mkdir -p {d.path}` (`trainwise prepare --to` creates it "
@@ -49,10 +56,13 @@ def python_environment(f: Facts) -> Finding:
     evidence = {"executable": p.executable, "prefix": p.prefix, "base_prefix": p.base_prefix,
                 "conda_prefix": p.conda_prefix}
     if p.in_venv:
-        return Finding("ok", "Python environment", f"running in the virtual environment {p.prefix}", evidence)
+        return Finding("python_environment", "info", "Python environment",
+                       f"running in the virtual environment {p.prefix}", evidence)
     if p.conda_prefix:
-        return Finding("ok", "Python environment", f"running in the conda environment {p.conda_prefix}", evidence)
-    return Finding("warn", "Python environment", f"running on the system interpreter {p.executable}: "
+        return Finding("python_environment", "info", "Python environment",
+                       f"running in the conda environment {p.conda_prefix}", evidence)
+    return Finding("python_environment", "warn", "Python environment",
+                   f"running on the system interpreter {p.executable}: "
                    "pip installs here can break OS tools and other projects", evidence,
                    "python3 -m venv .venv && . .venv/bin/activate && pip install trainwise")
 
@@ -63,17 +73,19 @@ def versions(f: Facts) -> Finding:
     line = f"Python {p.version}, torch {t.version or 'not installed'}, numpy {p.numpy_version or 'not installed'}"
     python = parse_version(p.version)
     if python is not None and python < MIN_PYTHON:
-        return Finding("fail", "Versions", f"{line}: trainwise needs Python ≥ 3.10", evidence,
+        return Finding("versions", "error", "Versions", f"{line}: trainwise needs Python ≥ 3.10", evidence,
                        "Create the environment with a newer Python, e.g. `uv venv --python 3.11 .venv`.")
     if not t.installed:
-        return Finding("fail", "Versions", f"{line}: torch is not installed", evidence, torch_install_command(
+        return Finding("versions", "error", "Versions",
+                       f"{line}: torch is not installed", evidence, torch_install_command(
             _wheel_for(f)))
     torch_version, numpy_version = parse_version(t.version), parse_version(p.numpy_version)
     if torch_version and numpy_version and numpy_version[0] >= 2 and torch_version < (2, 3):
-        return Finding("fail", "Versions", f"{line}: torch < 2.3 was built against NumPy 1.x and fails with "
+        return Finding("versions", "error", "Versions",
+                       f"{line}: torch < 2.3 was built against NumPy 1.x and fails with "
                        "NumPy 2 (\"A module that was compiled using NumPy 1.x cannot be run in NumPy 2\")",
                        evidence, 'pip install "numpy<2"')
-    return Finding("ok", "Versions", line, evidence)
+    return Finding("versions", "info", "Versions", line, evidence)
 
 
 def package_conflicts(f: Facts) -> Finding | None:
@@ -81,7 +93,7 @@ def package_conflicts(f: Facts) -> Finding | None:
     if not p.pip_check_ran:
         return None
     if not p.pip_conflicts:
-        return Finding("ok", "Package conflicts", "`pip check` finds no broken requirements", {})
+        return Finding("package_conflicts", "info", "Package conflicts", "`pip check` finds no broken requirements", {})
     fixes = []
     for line in p.pip_conflicts:  # "a 1.0 requires b, which is not installed." / "a 1.0 has requirement b>=2, ..."
         if " requires " in line and "which is not installed" in line:
@@ -89,7 +101,8 @@ def package_conflicts(f: Facts) -> Finding | None:
         elif " has requirement " in line:
             fixes.append(line.split(" has requirement ", 1)[1].split(", but", 1)[0].strip())
     fix = "pip install " + " ".join(f'"{spec}"' for spec in fixes) if fixes else "pip check  # and reinstall what it names"
-    return Finding("warn", "Package conflicts", f"`pip check` reports {len(p.pip_conflicts)} broken "
+    return Finding("package_conflicts", "warn", "Package conflicts",
+                   f"`pip check` reports {len(p.pip_conflicts)} broken "
                    f"requirement(s): {p.pip_conflicts[0]}", {"pip_check": p.pip_conflicts}, fix)
 
 
@@ -101,17 +114,19 @@ def torch_build(f: Facts) -> Finding | None:
     evidence = {"torch": t.version, "cuda": t.cuda, "hip": t.hip, "cudnn": t.cudnn_version,
                 "nccl_available": t.nccl_available, "nccl": t.nccl_version}
     if t.hip:
-        return Finding("ok", "PyTorch build", f"ROCm build (HIP {t.hip})", evidence)
+        return Finding("torch_build", "info", "PyTorch build", f"ROCm build (HIP {t.hip})", evidence)
     if t.cuda is None:
-        return Finding("ok", "PyTorch build", f"CPU build of torch {t.version} (no CUDA)", evidence)
+        return Finding("torch_build", "info", "PyTorch build", f"CPU build of torch {t.version} (no CUDA)", evidence)
     line = f"CUDA {t.cuda} build, cuDNN {_cudnn_text(t.cudnn_version)}, NCCL {t.nccl_version or 'absent'}"
     if t.cudnn_version is None and t.cuda_available:
-        return Finding("warn", "PyTorch build", f"{line}: cuDNN cannot be loaded, convolutions will be slow "
+        return Finding("torch_build", "warn", "PyTorch build",
+                       f"{line}: cuDNN cannot be loaded, convolutions will be slow "
                        "or fail", evidence, torch_install_command(_wheel_for(f)))
     if not t.nccl_available and _gpu_count(f) >= 2:
-        return Finding("warn", "PyTorch build", f"{line}: no NCCL, so multi-GPU training falls back to gloo "
+        return Finding("torch_build", "warn", "PyTorch build",
+                       f"{line}: no NCCL, so multi-GPU training falls back to gloo "
                        "(much slower)", evidence, torch_install_command(_wheel_for(f)))
-    return Finding("ok", "PyTorch build", line, evidence)
+    return Finding("torch_build", "info", "PyTorch build", line, evidence)
 
 
 def gpu_visibility(f: Facts) -> Finding:
@@ -120,40 +135,41 @@ def gpu_visibility(f: Facts) -> Finding:
     evidence = {"nvml_gpus": nvml_count, "torch_gpus": t.device_count, "nvml_error": n.error,
                 "pci_nvidia_devices": h.nvidia_pci_devices, "CUDA_VISIBLE_DEVICES": h.cuda_visible_devices,
                 "torch_cuda": t.cuda, "torch_error": t.cuda_error}
-    title = "GPU visibility"
+    code, title = "gpu_visibility", "GPU visibility"
     if nvml_count == 0 and h.nvidia_pci_devices == 0:
         if t.device_count:
-            return Finding("ok", title, f"torch sees {t.device_count} GPU(s)", evidence)
-        return Finding("ok", title, "no NVIDIA GPU on this machine: training runs on the CPU", evidence)
+            return Finding(code, "info", title, f"torch sees {t.device_count} GPU(s)", evidence)
+        return Finding(code, "info", title, "no NVIDIA GPU on this machine: training runs on the CPU", evidence)
     if nvml_count == 0:
-        return Finding("fail", title, f"{h.nvidia_pci_devices} NVIDIA GPU(s) on the PCI bus but no working "
+        return Finding(code, "error", title, f"{h.nvidia_pci_devices} NVIDIA GPU(s) on the PCI bus but no working "
                        f"driver ({n.error})", evidence, driver_install_steps(h.os_id, h.os_version_id, h.machine))
     if not t.installed:
-        return Finding("fail", title, f"{nvml_count} GPU(s) present but torch is not installed", evidence,
+        return Finding(code, "error", title, f"{nvml_count} GPU(s) present but torch is not installed", evidence,
                        torch_install_command(_wheel_for(f)))
     if t.cuda is None and not t.hip:
-        return Finding("fail", title, f"{nvml_count} NVIDIA GPU(s) present, but this is the CPU build of torch "
+        return Finding(code, "error", title, f"{nvml_count} NVIDIA GPU(s) present, but this is the CPU build of torch "
                        f"{t.version} (\"Torch not compiled with CUDA enabled\")", evidence,
                        f"pip uninstall -y torch && {torch_install_command(_wheel_for(f))}")
     cvd = h.cuda_visible_devices
     if t.device_count == 0 and cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
-        return Finding("fail", title, f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from torch", evidence,
+        return Finding(code, "error", title, f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from torch", evidence,
                        "unset CUDA_VISIBLE_DEVICES   # or: export CUDA_VISIBLE_DEVICES=0")
     if t.device_count == 0:
         driver, built = parse_version(n.cuda_driver_version), parse_version(t.cuda)
         if driver and built and driver[0] < built[0]:
-            return Finding("fail", title, f"torch cannot use the GPU: the driver supports CUDA {n.cuda_driver_version}"
+            return Finding(code, "error", title,
+                           f"torch cannot use the GPU: the driver supports CUDA {n.cuda_driver_version}"
                            f", torch was built for CUDA {t.cuda} (driver too old)", evidence, _driver_fix(f))
-        return Finding("fail", title, f"NVML sees {nvml_count} GPU(s) but torch sees none: "
+        return Finding(code, "error", title, f"NVML sees {nvml_count} GPU(s) but torch sees none: "
                        f"{t.cuda_error or 'CUDA failed to initialise'}", evidence,
                        "nvidia-smi && python -c 'import torch; torch.cuda.init()'   # shows the full error")
     if t.device_count < nvml_count:
         if cvd:
-            return Finding("ok", title, f"torch sees {t.device_count} of {nvml_count} GPUs "
+            return Finding(code, "info", title, f"torch sees {t.device_count} of {nvml_count} GPUs "
                            f"(CUDA_VISIBLE_DEVICES={cvd})", evidence)
-        return Finding("warn", title, f"torch sees {t.device_count} of {nvml_count} GPUs", evidence,
+        return Finding(code, "warn", title, f"torch sees {t.device_count} of {nvml_count} GPUs", evidence,
                        "nvidia-smi -L   # compare with torch.cuda.device_count(); check the container's --gpus")
-    return Finding("ok", title, f"torch sees all {t.device_count} GPU(s)", evidence)
+    return Finding(code, "info", title, f"torch sees all {t.device_count} GPU(s)", evidence)
 
 
 def driver_vs_cuda(f: Facts) -> Finding | None:
@@ -163,14 +179,16 @@ def driver_vs_cuda(f: Facts) -> Finding | None:
         return None
     evidence = {"driver": n.driver_version, "driver_max_cuda": n.cuda_driver_version, "torch_cuda": t.cuda,
                 "driver_needed": driver_for(built)}
-    title = "Driver vs CUDA"
+    code, title = "driver_vs_cuda", "Driver vs CUDA"
     if driver >= built:
-        return Finding("ok", title, f"driver {n.driver_version} supports CUDA {n.cuda_driver_version} ≥ torch's "
+        return Finding(code, "info", title,
+                       f"driver {n.driver_version} supports CUDA {n.cuda_driver_version} ≥ torch's "
                        f"CUDA {t.cuda}", evidence)
     if driver[0] < built[0]:
-        return Finding("fail", title, f"driver too old: driver {n.driver_version} supports up to CUDA "
+        return Finding(code, "error", title, f"driver too old: driver {n.driver_version} supports up to CUDA "
                        f"{n.cuda_driver_version}, torch was built for CUDA {t.cuda}", evidence, _driver_fix(f))
-    return Finding("warn", title, f"driver {n.driver_version} (CUDA {n.cuda_driver_version}) is older than torch's "
+    return Finding(code, "warn", title,
+                   f"driver {n.driver_version} (CUDA {n.cuda_driver_version}) is older than torch's "
                    f"CUDA {t.cuda}: it runs by minor-version compatibility, but kernels compiled at run time "
                    "(PTX JIT) fail", evidence, _driver_fix(f))
 
@@ -189,11 +207,13 @@ def gpu_kernels(f: Facts) -> list[Finding]:
         fix = (torch_install_command(wheel) if wheel else
                f"No current PyTorch wheel supports compute capability {cc[0]}.{cc[1]}: use an older torch "
                "(1.12 with cu113 for Kepler) or train on the CPU.")
-        findings.append(Finding("fail", "GPU kernels", f"GPU {index} ({name}, sm_{cc[0]}{cc[1]}) has no kernels in "
+        findings.append(Finding("gpu_kernels", "error", "GPU kernels",
+                                f"GPU {index} ({name}, sm_{cc[0]}{cc[1]}) has no kernels in "
                                 f"this torch build (built for {', '.join(arch)}): expect \"no kernel image is "
                                 "available for execution on the device\"", evidence, fix))
     if not findings:
-        findings.append(Finding("ok", "GPU kernels", f"torch has kernels for every card ({', '.join(arch)})",
+        findings.append(Finding("gpu_kernels", "info", "GPU kernels",
+                                f"torch has kernels for every card ({', '.join(arch)})",
                                 {"arch_list": arch, "cards": [f"{c[0]}.{c[1]}" for _, _, c in _cards(f)]}))
     return findings
 
@@ -226,12 +246,14 @@ def capabilities(f: Facts) -> list[Finding]:
         evidence = {"gpus": indexes, "compute_capability": f"{cc[0]}.{cc[1]}", "bf16": cc >= (8, 0),
                     "tf32": cc >= (8, 0), "tf32_enabled": tf32_on}
         if cc < (8, 0):
-            findings.append(Finding("ok", "Precision", f"{who}: no bf16 or TF32 (compute capability "
+            findings.append(Finding("precision", "info", "Precision", f"{who}: no bf16 or TF32 (compute capability "
                                     f"{cc[0]}.{cc[1]}); mixed precision uses fp16 with loss scaling", evidence))
         elif tf32_on:
-            findings.append(Finding("ok", "Precision", f"{who}: bf16 and TF32 supported, TF32 enabled", evidence))
+            findings.append(Finding("precision", "info", "Precision",
+                                    f"{who}: bf16 and TF32 supported, TF32 enabled", evidence))
         else:
-            findings.append(Finding("ok", "Precision", f"{who}: bf16 and TF32 supported; TF32 is off (torch's "
+            findings.append(Finding("precision", "info", "Precision",
+                                    f"{who}: bf16 and TF32 supported; TF32 is off (torch's "
                                     "default), so fp32 matmuls run at full fp32 cost", evidence,
                                     "Train in bf16 (train.precision=bf16), or for fp32 runs call "
                                     "torch.set_float32_matmul_precision('high')."))
@@ -245,9 +267,11 @@ def peer_access(f: Facts) -> Finding | None:
     missing = [(i, j) for i, row in enumerate(matrix) for j, ok in enumerate(row) if i < j and not (ok and matrix[j][i])]
     evidence = {"peer_access": matrix}
     if not missing:
-        return Finding("ok", "Peer access", f"all {len(matrix)} GPUs can access each other directly (P2P)", evidence)
+        return Finding("peer_access", "info", "Peer access",
+                       f"all {len(matrix)} GPUs can access each other directly (P2P)", evidence)
     pairs = ", ".join(f"{i}↔{j}" for i, j in missing)
-    return Finding("warn", "Peer access", f"no direct P2P between GPUs {pairs}: all-reduce goes through host "
+    return Finding("peer_access", "warn", "Peer access",
+                   f"no direct P2P between GPUs {pairs}: all-reduce goes through host "
                    "memory and multi-GPU training slows down", evidence,
                    "nvidia-smi topo -m   # shows the links; in VMs enable P2P/ACS passthrough. If NCCL hangs: "
                    "export NCCL_P2P_DISABLE=1")
@@ -260,9 +284,11 @@ def all_reduce(f: Facts) -> Finding | None:
     evidence = {"backend": result.backend, "world_size": result.world_size, "seconds": result.seconds,
                 "error": result.error}
     if result.ok:
-        return Finding("ok", "All-reduce", f"{result.backend} all-reduce over {result.world_size} GPUs works "
+        return Finding("all_reduce", "info", "All-reduce",
+                       f"{result.backend} all-reduce over {result.world_size} GPUs works "
                        f"({result.seconds:.1f} s including start-up)", evidence)
-    return Finding("fail", "All-reduce", f"{result.backend} all-reduce over {result.world_size} GPUs failed: "
+    return Finding("all_reduce", "error", "All-reduce",
+                   f"{result.backend} all-reduce over {result.world_size} GPUs failed: "
                    f"{result.error}", evidence,
                    f"NCCL_DEBUG=INFO python -m trainwise.doctor.smoke --world-size {result.world_size} "
                    "--backend nccl   # then try NCCL_P2P_DISABLE=1 or NCCL_IB_DISABLE=1")
@@ -273,7 +299,8 @@ def install_guidance(f: Facts) -> Finding:
     gpu_present = bool(n.gpus) or h.nvidia_pci_devices > 0
     os_text = f"{h.os_name or h.os_id or 'unknown OS'} {h.machine}"
     if not gpu_present:
-        return Finding("ok", "Install guidance", f"{os_text}, no NVIDIA GPU: the CPU build of torch is the right "
+        return Finding("install_guidance", "info", "Install guidance",
+                       f"{os_text}, no NVIDIA GPU: the CPU build of torch is the right "
                        "one", {"torch_command": torch_install_command("cpu")})
     wheel = _wheel_for(f)
     driver_steps = driver_install_steps(h.os_id, h.os_version_id, h.machine)
@@ -284,9 +311,11 @@ def install_guidance(f: Facts) -> Finding:
     if needs_driver or needs_torch:
         steps = [driver_steps] if needs_driver else []
         steps += [torch_install_command(wheel)]
-        return Finding("warn", "Install guidance", f"{os_text}: install the driver from NVIDIA's repository, then "
+        return Finding("install_guidance", "warn", "Install guidance",
+                       f"{os_text}: install the driver from NVIDIA's repository, then "
                        f"the torch wheel {wheel or '(none fits these cards)'}", evidence, "  &&  ".join(steps))
-    return Finding("ok", "Install guidance", f"{os_text}: torch's CUDA {t.cuda or t.hip} fits driver "
+    return Finding("install_guidance", "info", "Install guidance",
+                   f"{os_text}: torch's CUDA {t.cuda or t.hip} fits driver "
                    f"{n.driver_version} (CUDA {n.cuda_driver_version}); the wheel to reinstall is {wheel}", evidence)
 
 

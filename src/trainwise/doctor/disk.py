@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise.doctor.findings import Finding
+from trainwise.findings import Finding
 from trainwise.errors import ConfigError
 
 GIB = 2**30
@@ -67,16 +67,19 @@ def _system_disk(f: DiskFacts) -> Finding:
     fix = ("Keep the data on a separate data disk, e.g. one mounted at /mnt/data (`lsblk -o NAME,SIZE,ROTA,"
            "MOUNTPOINT` lists the disks), and point trainwise there (`doctor --data-dir`, `prepare --to`).")
     if f.filesystem in NETWORK_FILESYSTEMS:
-        return Finding("warn", "Data disk", f"{f.path} is on a network filesystem ({f.filesystem}): every epoch "
+        return Finding("data_disk", "warn", "Data disk",
+                       f"{f.path} is on a network filesystem ({f.filesystem}): every epoch "
                        "reads it over the network", evidence,
                        f"Copy the prepared shards to a local SSD first, e.g. `rsync -a {f.path}/ /mnt/local/data/`.")
     if f.device == f.root_device:
-        return Finding("warn", "Data disk", f"{f.path} is on the system disk (same filesystem as /): a full disk "
+        return Finding("data_disk", "warn", "Data disk",
+                       f"{f.path} is on the system disk (same filesystem as /): a full disk "
                        "stops the OS and the data competes with it for I/O", evidence, fix)
     if f.block_device and f.block_device == f.root_block_device:
-        return Finding("warn", "Data disk", f"{f.path} is on another partition of the system disk "
+        return Finding("data_disk", "warn", "Data disk", f"{f.path} is on another partition of the system disk "
                        f"({f.block_device}): it shares the disk's I/O with the OS", evidence, fix)
-    return Finding("ok", "Data disk", f"{f.path} is on its own filesystem ({f.source or f.device}), not the "
+    return Finding("data_disk", "info", "Data disk",
+                   f"{f.path} is on its own filesystem ({f.source or f.device}), not the "
                    "system disk", evidence)
 
 
@@ -88,37 +91,42 @@ def _free_space(f: DiskFacts, required_bytes: int | None) -> Finding:
     fix = f"Free space (`du -xh --max-depth=1 {f.mount_point or f.probed_path} | sort -h | tail`) or choose a " \
           "bigger disk."
     if not f.writable:
-        return Finding("fail", "Free space", f"{f.probed_path} is not writable by this user", evidence,
+        return Finding("free_space", "error", "Free space", f"{f.probed_path} is not writable by this user", evidence,
                        f"Choose a writable directory or `sudo chown -R $USER {f.probed_path}`.")
     if required_bytes is not None and f.free_bytes < required_bytes:
-        return Finding("fail", "Free space", f"{where}, but {required_bytes / GIB:.1f} GiB are needed",
+        return Finding("free_space", "error", "Free space", f"{where}, but {required_bytes / GIB:.1f} GiB are needed",
                        evidence, fix)
     if f.free_bytes < FREE_FAIL_BYTES:
-        return Finding("fail", "Free space", f"only {where}: shards and checkpoints will not fit", evidence, fix)
+        return Finding("free_space", "error", "Free space",
+                       f"only {where}: shards and checkpoints will not fit", evidence, fix)
     if f.free_bytes < FREE_WARN_BYTES or (f.total_bytes and f.free_bytes < FREE_WARN_FRACTION * f.total_bytes):
-        return Finding("warn", "Free space", f"{where}: little room for shards and checkpoints", evidence, fix)
-    return Finding("ok", "Free space", where, evidence)
+        return Finding("free_space", "warn", "Free space",
+                       f"{where}: little room for shards and checkpoints", evidence, fix)
+    return Finding("free_space", "info", "Free space", where, evidence)
 
 
 def _disk_kind(f: DiskFacts) -> Finding:
     evidence = {"block_device": f.block_device, "rotational": f.rotational, "virtual_disk": f.virtual_disk,
                 "filesystem": f.filesystem}
     if f.block_device is None:
-        return Finding("ok", "Disk type", f"no local block device behind {f.filesystem or 'this filesystem'}; "
+        return Finding("disk_type", "info", "Disk type",
+                       f"no local block device behind {f.filesystem or 'this filesystem'}; "
                        "its speed cannot be read from sysfs", evidence, _measure_fix(f))
     if f.virtual_disk:
-        return Finding("ok", "Disk type", f"{f.block_device} is a virtual disk: the kernel cannot tell whether "
+        return Finding("disk_type", "info", "Disk type",
+                       f"{f.block_device} is a virtual disk: the kernel cannot tell whether "
                        "the host storage is SSD or HDD", evidence, _measure_fix(f))
     if f.rotational:
-        return Finding("warn", "Disk type", f"{f.block_device} is a spinning disk (HDD): random reads of "
+        return Finding("disk_type", "warn", "Disk type", f"{f.block_device} is a spinning disk (HDD): random reads of "
                        "samples are ~100x slower than on an SSD", evidence,
                        "Move the data to an SSD/NVMe disk, or read it sequentially from large shards "
                        "(`trainwise prepare` writes them) with several DataLoader workers.")
     if f.rotational is None:
-        return Finding("ok", "Disk type", f"{f.block_device}: sysfs does not say whether it spins", evidence,
+        return Finding("disk_type", "info", "Disk type",
+                       f"{f.block_device}: sysfs does not say whether it spins", evidence,
                        _measure_fix(f))
     kind = "NVMe SSD" if f.block_device.startswith("nvme") else "SSD"
-    return Finding("ok", "Disk type", f"{f.block_device} is an {kind}", evidence)
+    return Finding("disk_type", "info", "Disk type", f"{f.block_device} is an {kind}", evidence)
 
 
 def _measure_fix(f: DiskFacts) -> str:

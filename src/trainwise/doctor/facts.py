@@ -19,6 +19,7 @@ from typing import Any
 
 from trainwise.data.loader import usable_cores
 from trainwise.doctor.disk import DiskFacts, probe_disk
+from trainwise.doctor.distributed import DistributedFacts, probe_distributed
 from trainwise.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -166,6 +167,8 @@ class Facts:
     recorded_at: str = ""
     description: str = ""
     """For recorded files: which machine this is."""
+    distributed: DistributedFacts | None = None
+    """For a job of several ranks (`--nproc`, or when the doctor runs inside one); None otherwise."""
 
 
 # ---- JSON round trip -------------------------------------------------------------------------------
@@ -207,12 +210,16 @@ def load_facts(path: str | os.PathLike) -> Facts:
 
 
 # ---- probes ------------------------------------------------------------------------------------------
-def collect_facts(data_dir: str | os.PathLike = ".", *, pip_check: bool = True, all_reduce: bool = True) -> Facts:
-    """Probe this machine. Nothing here raises because a GPU, a driver or a library is missing."""
+def collect_facts(data_dir: str | os.PathLike = ".", *, pip_check: bool = True, all_reduce: bool = True,
+                  nproc: int | None = None, nnodes: int | None = None, num_workers: int | None = None) -> Facts:
+    """Probe this machine (for a job of `nproc` ranks on `nnodes` machines, when given). Nothing here raises
+    because a GPU, a driver or a library is missing."""
     nvml = probe_nvml()  # before torch creates CUDA contexts, so our own process does not look like a tenant
+    all_reduce = all_reduce and os.environ.get("LOCAL_RANK", "0") == "0"  # in a job: one smoke test per machine
     facts = Facts(python=probe_python(pip_check=pip_check), torch=probe_torch(all_reduce=all_reduce),
                   nvml=nvml, host=probe_host(), disk=probe_disk(data_dir),
-                  recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                  recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  distributed=probe_distributed(nproc, nnodes, num_workers))
     names = sorted({g.name for g in nvml.gpus})
     gpus = f"{len(nvml.gpus)} x {', '.join(names)}" if names else "no NVIDIA GPU"
     facts.description = (f"Recorded by trainwise doctor: {facts.host.os_name or facts.host.os_id}, {gpus}, "

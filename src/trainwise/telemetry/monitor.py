@@ -15,7 +15,8 @@ from rich.text import Text
 
 from trainwise.config import TelemetryConfig
 from trainwise.errors import ConfigError
-from trainwise.telemetry.alerts import Alert, AlertRules
+from trainwise.findings import Finding
+from trainwise.telemetry.alerts import AlertRules
 from trainwise.telemetry.nvml import open_nvml
 from trainwise.telemetry.sampler import HostMeter, read_sample
 
@@ -38,7 +39,7 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
     host, rules = HostMeter(), AlertRules(settings or TelemetryConfig())
     limit = 1 if once else max_samples
     samples: list[dict[str, Any]] = []
-    alerts: list[Alert] = []
+    alerts: list[Finding] = []
     live = None
     try:
         time.sleep(FIRST_READING_WAIT_S if once else min(interval_s, FIRST_READING_WAIT_S))
@@ -71,7 +72,7 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
     return samples
 
 
-def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[Alert] = (),
+def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[Finding] = (),
            live: bool = True) -> Group:
     """The monitor screen for one sample; `live=False` (one sample, then exit) has no "Ctrl-C to quit"."""
     parts: list[Any] = []
@@ -94,7 +95,7 @@ def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[A
                       f"{sample['ram_total_bytes'] / GIB:.0f} GiB ({sample['ram_percent']:.0f}%)   disk read "
                       f"{'?' if disk is None else f'{disk / 2**20:.1f} MB/s'}"))
     for a in alerts:
-        parts.append(Text(f"{a.severity}: {a.message}", style="red" if a.severity == "error" else "yellow"))
+        parts.append(Text(f"{a.severity}: {a.title}", style="red" if a.severity == "error" else "yellow"))
     clock = time.strftime("%H:%M:%S", time.localtime(sample["time"]))
     parts.append(Text(clock + ("  Ctrl-C to quit" if live else ""), style="dim"))
     return Group(*parts)

@@ -12,7 +12,8 @@ import threading
 from typing import Any
 
 from trainwise.config import TelemetryConfig
-from trainwise.telemetry.alerts import Alert, AlertRules
+from trainwise.findings import EVENT_SEVERITY, Finding
+from trainwise.telemetry.alerts import AlertRules
 from trainwise.telemetry.sampler import Sampler
 from trainwise.train.callbacks import Callback
 
@@ -62,6 +63,8 @@ class TelemetryCallback(Callback):
             alerts = self._rules.check_sample(sample)
         self._log(alerts, step)
 
-    def _log(self, alerts: list[Alert], step: int | None) -> None:
-        for a in alerts:
-            self._trainer.run_dir.log_event(a.kind, a.message, severity=a.severity, step=step, evidence=a.evidence)
+    def _log(self, alerts: list[Finding], step: int | None) -> None:
+        for a in alerts:  # the finding's code is the event's kind; its fixes follow the title in the message
+            message = " ".join([f"{a.title}.", *a.fixes])
+            self._trainer.run_dir.log_event(a.code, message, severity=EVENT_SEVERITY[a.severity], step=step,
+                                            evidence=a.evidence)
