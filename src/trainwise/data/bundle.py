@@ -41,6 +41,21 @@ class DataBundle:
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None
     notes: dict[str, object] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a data factory's mistake is named here, not later as a `len(None)` or attribute traceback
+        for name in ("train", "val", "test"):
+            dataset = getattr(self, name)
+            if name == "train" and dataset is None:
+                raise DataError("DataBundle(train=None): the train split is required, a torch Dataset of "
+                                "(input, target) pairs (trainwise.ArrayDataset(inputs, targets) for tensors).")
+            if dataset is not None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+                raise DataError(f"DataBundle({name}=...): a {type(dataset).__name__} is not a dataset; give a torch "
+                                "Dataset of (input, target) pairs with __len__ and __getitem__"
+                                + (", or None." if name != "train" else "."))
+        if not isinstance(self.spec, DataSpec):
+            raise DataError(f"DataBundle(spec=...): a {type(self.spec).__name__}, not a trainwise.DataSpec; give "
+                            "DataSpec(input_shape=..., num_classes=...).")
+
 
 class ArrayDataset(Dataset):
     """Samples held as two tensors; indexing with a list of indices returns the collated batch."""
@@ -54,7 +69,9 @@ class ArrayDataset(Dataset):
         if len(inputs) != len(targets):
             raise DataError(f"{len(inputs)} inputs but {len(targets)} targets; they must pair up.")
         self.inputs = inputs
-        self.targets = targets
+        # class labels as the loss takes them: int32/int16/int8 labels (numpy's default on some systems) become
+        # int64 once here, not in every step
+        self.targets = targets.long() if _is_narrow_integer(targets.dtype) else targets
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -78,10 +95,37 @@ def dataset_targets(dataset: Dataset) -> torch.Tensor | None:
         return None
 
 
+def _is_narrow_integer(dtype: torch.dtype) -> bool:
+    """Integer dtypes torch's cross-entropy refuses as class indices (it takes int64, and uint8)."""
+    return dtype in (torch.int8, torch.int16, torch.int32)
+
+
+def _label_dtype(dataset: Dataset) -> torch.dtype | None:
+    targets = getattr(dataset, "targets", None)
+    if isinstance(targets, torch.Tensor):
+        return targets.dtype
+    try:
+        target = dataset[0][1]  # type: ignore[index]
+    except Exception:  # an empty or unusual dataset: the loader will say more
+        return None
+    return target.dtype if isinstance(target, torch.Tensor) else None
+
+
 def check_labels(bundle: DataBundle) -> None:
-    """Refuse class labels outside [0, num_classes) before training, naming the label and where it is."""
+    """Refuse class labels outside [0, num_classes) before training, naming the label and where it is, and
+    labels of an integer type the loss does not take."""
     spec = bundle.spec
-    if spec.task != "classification" or spec.num_classes is None:
+    if spec.task != "classification":
+        return
+    for split in ("train", "val", "test"):
+        dataset = getattr(bundle, split)
+        dtype = _label_dtype(dataset) if dataset is not None else None
+        if dtype is not None and _is_narrow_integer(dtype):
+            raise DataError(f"{split} split: class labels are {str(dtype).removeprefix('torch.')}; the loss takes "
+                            "int64 class indices. Return labels as torch.long (`torch.as_tensor(y, "
+                            "dtype=torch.long)`, or `y.astype('int64')` in numpy), or hold the split in a "
+                            "trainwise.ArrayDataset, which converts them.")
+    if spec.num_classes is None:
         return
     for split in ("train", "val", "test"):
         dataset = getattr(bundle, split)

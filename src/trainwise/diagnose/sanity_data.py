@@ -3,6 +3,12 @@
 Pure over tensors (`SplitData` per split: inputs and targets as the dataset holds them). Labels: the
 distribution per split, classes missing from val/test, one class only, extreme imbalance. Inputs: NaN/Inf,
 constant features, an unnormalised scale, rows of the test (or val) split duplicated in train (leakage).
+Targets at torch's ignore_index (-100, the padded positions of a sequence) are no label and are not counted.
+
+Integer id sequences (a recommender's padded item histories, token ids: `id_sequences`) are not tables: a
+position that holds padding in every row is no constant feature, ids are no scale to normalise, two users
+with the same history are no leak, and held-out events are not a stratified sample of the classes. On them
+only the label distribution, a single class and (for a few-class label such as a click) the imbalance apply.
 """
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ MAX_FEATURE_SCALE = 100.0
 # test score measures memory, not generalisation.
 LEAKAGE_ERROR_SHARE = 0.05
 SHOWN = 5  # indices quoted in evidence
+SHOWN_CLASSES = 10  # classes per split quoted in the label distribution's text (the evidence has them all)
+IGNORE_INDEX = -100  # torch's cross-entropy default: a target that carries no loss (padding)
+# In id-sequence data, more classes than this means the label is itself an id (the next item): its
+# distribution is the items' popularity, a long tail by nature, not an imbalance to correct.
+ID_LABELS_ABOVE = 100
 
 
 @dataclass(frozen=True)
@@ -34,14 +45,25 @@ class SplitData:
 def data_findings(splits: list[SplitData], *, task: str = "classification", num_classes: int | None = None,
                   class_names: tuple[str, ...] | None = None) -> list[Finding]:
     found: list[Finding | None] = []
+    sequences = id_sequences(splits)
     if task == "classification":
-        found += label_findings(splits, num_classes, class_names)
-    found += [nonfinite_inputs(splits), constant_features(splits), unnormalised_scale(splits), leakage(splits)]
+        found += label_findings(splits, num_classes, class_names, id_sequences=sequences)
+    found += [nonfinite_inputs(splits), nonfinite_targets(splits)]
+    if not sequences:  # table rules: see the module docstring
+        found += [constant_features(splits), unnormalised_scale(splits), leakage(splits)]
     return [f for f in found if f is not None]
 
 
+def id_sequences(splits: list[SplitData]) -> bool:
+    """Whether the inputs are rows of integer ids (item histories, tokens) rather than features or pixels:
+    2-D, of a signed integer dtype (uint8 rows are flattened images)."""
+    train = _train(splits)
+    return train is not None and train.inputs.ndim == 2 and train.inputs.dtype in (
+        torch.int16, torch.int32, torch.int64)
+
+
 def label_findings(splits: list[SplitData], num_classes: int | None,
-                   class_names: tuple[str, ...] | None = None) -> list[Finding | None]:
+                   class_names: tuple[str, ...] | None = None, *, id_sequences: bool = False) -> list[Finding | None]:
     counts = {s.name: _counts(s.targets, num_classes) for s in splits if s.targets is not None}
     if "train" not in counts:
         return []
@@ -51,7 +73,7 @@ def label_findings(splits: list[SplitData], num_classes: int | None,
     found: list[Finding | None] = [Finding(
         "label_distribution", "info", "labels per split: " + "; ".join(
             f"{split} {sum(row)} rows, {sum(1 for n in row if n)} classes" for split, row in counts.items()),
-        "; ".join(f"{split}: " + ", ".join(f"{c} {n}" for c, n in row.items()) for split, row in distribution.items()),
+        "; ".join(f"{split}: " + _most_frequent(row) for split, row in distribution.items()),
         {"counts": distribution})]
     train = counts["train"]
     present = [c for c, n in enumerate(train) if n]
@@ -64,6 +86,8 @@ def label_findings(splits: list[SplitData], num_classes: int | None,
             ("Check how labels are read: a column mix-up or a label that was overwritten gives one class.",
              "Check the split: a split by a sorted column can put one class in train.")))
         return found
+    if id_sequences and classes > ID_LABELS_ABOVE:
+        return found  # the label is an id: popularity, not imbalance; held-out events miss most ids
     rare, common = min(present, key=lambda c: train[c]), max(present, key=lambda c: train[c])
     ratio = train[common] / train[rare]
     if ratio >= IMBALANCE_RATIO:
@@ -78,7 +102,7 @@ def label_findings(splits: list[SplitData], num_classes: int | None,
     missing = {split: [name(c) for c in present if c >= len(row) or row[c] == 0]
                for split, row in counts.items() if split != "train"}
     missing = {split: names for split, names in missing.items() if names}
-    if missing:
+    if missing and not id_sequences:  # held-out events (a test of positives only) are not stratified
         found.append(Finding(
             "classes_missing_from_split", "warn", "classes missing from " + ", ".join(missing),
             "; ".join(f"{split} has no rows of class(es) {', '.join(names)}" for split, names in missing.items())
@@ -89,12 +113,7 @@ def label_findings(splits: list[SplitData], num_classes: int | None,
 
 
 def nonfinite_inputs(splits: list[SplitData]) -> Finding | None:
-    bad = {}
-    for s in splits:
-        if s.inputs.is_floating_point():
-            rows = (~torch.isfinite(s.inputs.reshape(len(s.inputs), -1))).any(dim=1)
-            if rows.any():
-                bad[s.name] = {"rows": int(rows.sum()), "first_rows": rows.nonzero()[:SHOWN, 0].tolist()}
+    bad = _nonfinite_rows({s.name: s.inputs for s in splits})
     if not bad:
         return None
     return Finding(
@@ -103,6 +122,21 @@ def nonfinite_inputs(splits: list[SplitData]) -> Finding | None:
         "A single NaN input makes its batch's loss NaN, and one NaN update ruins every weight.", bad,
         ("Fill or drop missing values before training (median per feature for tables).",
          "Look for a division by zero in the preprocessing (a std of 0 for a constant feature)."))
+
+
+def nonfinite_targets(splits: list[SplitData]) -> Finding | None:
+    """NaN or Inf targets (a regression column with missing values): every batch holding one has a NaN loss,
+    which otherwise shows up later as 'gradients overflowed'."""
+    bad = _nonfinite_rows({s.name: s.targets for s in splits if s.targets is not None})
+    if not bad:
+        return None
+    return Finding(
+        "nonfinite_targets", "error", "targets contain NaN or Inf: " + ", ".join(
+            f"{v['rows']} rows of {split}" for split, v in bad.items()),
+        "The loss of any batch holding such a target is NaN: the run cannot learn from it, and its gradients "
+        "turn every weight into NaN.", bad,
+        ("Drop the rows whose target is missing, or fill it, before training.",
+         "Look for a division by zero or a failed join in how the target is computed."))
 
 
 def constant_features(splits: list[SplitData]) -> Finding | None:
@@ -176,8 +210,29 @@ def leakage(splits: list[SplitData]) -> Finding | None:
 
 def _counts(targets: torch.Tensor | None, num_classes: int | None) -> list[int]:
     labels = targets.reshape(-1).long()
+    labels = labels[labels != IGNORE_INDEX]  # padding, no label
     size = max(num_classes or 0, int(labels.max()) + 1 if len(labels) else 0)
     return torch.bincount(labels.clamp_min(0), minlength=size).tolist()
+
+
+def _nonfinite_rows(tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """{split: rows holding NaN/Inf, and the first few} for the floating-point tensors that have any."""
+    bad = {}
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and len(tensor):
+            rows = (~torch.isfinite(tensor.reshape(len(tensor), -1))).any(dim=1)
+            if rows.any():
+                bad[name] = {"rows": int(rows.sum()), "first_rows": rows.nonzero()[:SHOWN, 0].tolist()}
+    return bad
+
+
+def _most_frequent(row: dict[str, int]) -> str:
+    """`class count, ...`: every class when there are few, else the most frequent and how many more occur."""
+    if len(row) <= SHOWN_CLASSES:
+        return ", ".join(f"{c} {n}" for c, n in row.items())
+    present = sorted(((c, n) for c, n in row.items() if n), key=lambda item: -item[1])
+    more = f" and {len(present) - SHOWN_CLASSES} more classes" if len(present) > SHOWN_CLASSES else ""
+    return ", ".join(f"{c} {n}" for c, n in present[:SHOWN_CLASSES]) + more
 
 
 def _train(splits: list[SplitData]) -> SplitData | None:

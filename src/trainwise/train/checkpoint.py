@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from trainwise.config_diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.run_integrity import CheckpointChoice
 
@@ -96,14 +97,32 @@ def training_state(trainer: "Trainer", *, tensors: bool = True) -> dict[str, Any
         "epoch": trainer.epoch,
         "skipped_steps": trainer.skipped_steps,
         "micro_batch_size": trainer.micro_batch_size,  # an out-of-memory recovery's choice survives resume
+        **config_record(trainer.config),  # `config` and `config_hash`: resume refuses another config.yaml
     }
+
+
+def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict[str, Any]:
+    """A checkpoint's small entries (step, config, config_hash; a checkpoint from before config hashes has
+    no `config`) without reading its tensors: the state file of a sharded checkpoint, or the file mapped."""
+    if sharded:
+        state = read_checkpoint(run_dir.checkpoint_dirs.state_path(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # an old-style (non-zip) file cannot be mapped: read it whole, with read's messages
+            state = None
+        if not isinstance(state, dict):
+            state = read_checkpoint(path)
+    return {key: state.get(key) for key in ("step", "config", "config_hash")}
 
 
 def restore_training_state(trainer: "Trainer", state: dict[str, Any]) -> None:
     if "model" in state:  # a sharded checkpoint's tensors are already loaded
         trainer.model.load_state_dict(state["model"])
         trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
+    # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
+    scheduler = state["scheduler"]
+    trainer.scheduler.load_state_dict({**scheduler, "lr_lambdas": [None] * len(scheduler.get("lr_lambdas", []))})
     trainer.scaler.load_state_dict(state["scaler"])
     trainer.early_stopping.load_state_dict(state["early_stopping"])
     per_rank = state.get("rng_per_rank") or []

@@ -1,4 +1,9 @@
-"""Early stopping on a monitored metric; its state lives in checkpoints so it survives resume."""
+"""Early stopping on a monitored metric; its state lives in checkpoints so it survives resume.
+
+A NaN evaluation (validation data with NaN in it, outputs that overflow) says nothing about progress: it is
+never a new best, and it does not count towards `patience` either, so a run whose validation is NaN keeps
+training rather than stopping with no best at all (train/nonfinite_validation.py logs a warning for it).
+"""
 from __future__ import annotations
 
 import math
@@ -24,7 +29,9 @@ class EarlyStopping:
         return value > self.best + self.min_delta
 
     def update(self, value: float, step: int) -> bool:
-        """Record an evaluation; True when it is the new best."""
+        """Record an evaluation; True when it is the new best. NaN: neither better nor worse."""
+        if math.isnan(value):
+            return False
         if self.improved(value):
             self.best, self.best_step = value, step
             self.evals_without_improvement = 0

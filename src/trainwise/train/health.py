@@ -7,17 +7,18 @@ stops it too, instead of "completing" a run that learnt nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from trainwise.train.step import StepOutcome
+from trainwise.train.step import MicroBatch, StepOutcome
 
 # GradScaler halves its scale on each overflow: 20 skips in a row is a 2**20 drop, far past the few
 # skips of the first steps while it settles. By then the gradients overflow at any scale.
 FP16_MAX_SKIPS_IN_A_ROW = 20
 
-_SKIPPED, _NONFINITE, _FIRST_STEP, _FIRST_LOSS, _FIRST_NORM, _STREAK, _MAX_STREAK = range(7)
+_SKIPPED, _NONFINITE, _FIRST_STEP, _FIRST_LOSS, _FIRST_NORM, _STREAK, _MAX_STREAK, _BAD_TARGETS = range(8)
 
 
 @dataclass(frozen=True)
@@ -28,17 +29,23 @@ class HealthReading:
     first_nonfinite_loss: float | None
     first_nonfinite_grad_norm: float | None
     longest_skip_streak: int  # most updates skipped in a row since the last reading
+    nonfinite_target_steps: int = 0  # steps whose (floating-point) targets held NaN/Inf, since the last reading
 
 
 class StepHealth:
     def __init__(self, device: torch.device, skipped_steps: int = 0):
-        self.values = torch.zeros(7, device=device)
+        self.values = torch.zeros(8, device=device)
         self.values[_SKIPPED] = skipped_steps
         self.values[_FIRST_STEP] = -1
 
-    def record(self, step: int, outcome: StepOutcome) -> None:
-        """Add one step's outcome; device ops only."""
+    def record(self, step: int, outcome: StepOutcome, micro_batches: Sequence[MicroBatch] = ()) -> None:
+        """Add one step's outcome (and whether its targets were finite, so a NaN regression target is named
+        as such); device ops only, or host ops on targets still in host memory: no sync either way."""
         v = self.values
+        finite = [torch.isfinite(targets).all() for _, targets in micro_batches if targets.is_floating_point()]
+        if finite:  # regression targets (class indices are integers, always finite); targets still on the host
+            # give a CPU scalar, which a device op takes as an argument: no copy, no sync
+            v[_BAD_TARGETS] += (~torch.stack(finite).all()).to(v.dtype)
         bad = ~(torch.isfinite(outcome.loss) & torch.isfinite(outcome.grad_norm))
         first = bad & (v[_FIRST_STEP] < 0)
         v[_SKIPPED] += outcome.skipped
@@ -57,16 +64,21 @@ class StepHealth:
             first_nonfinite_step=int(v[_FIRST_STEP]) if v[_FIRST_STEP] >= 0 else None,
             first_nonfinite_loss=v[_FIRST_LOSS] if v[_FIRST_STEP] >= 0 else None,
             first_nonfinite_grad_norm=v[_FIRST_NORM] if v[_FIRST_STEP] >= 0 else None,
-            longest_skip_streak=int(v[_MAX_STREAK]))
+            longest_skip_streak=int(v[_MAX_STREAK]), nonfinite_target_steps=int(v[_BAD_TARGETS]))
         self.values[_NONFINITE] = 0
+        self.values[_BAD_TARGETS] = 0
         self.values[_FIRST_STEP] = -1
         self.values[_MAX_STREAK] = self.values[_STREAK]
         return reading
 
 
-
 def health_problem(reading: HealthReading, *, fp16: bool, step: int, loss_scale: float) -> str | None:
     """What must stop the run, in the words the person at the terminal needs; None when all is well."""
+    if reading.nonfinite_steps and reading.nonfinite_target_steps:
+        return (f"the targets contain NaN or Inf: {reading.nonfinite_target_steps} step(s) up to step {step} had a "
+                f"non-finite target, so their loss was NaN (first at step {reading.first_nonfinite_step}); the "
+                "weights never took those steps. Drop or fill the rows whose target is missing before training "
+                "(`trainwise check` names them: nonfinite_targets).")
     if fp16:  # overflow is expected now and then, never for long
         if reading.longest_skip_streak >= FP16_MAX_SKIPS_IN_A_ROW:
             return (f"fp16 loss scaling skipped {reading.longest_skip_streak} updates in a row (up to step {step}), "

@@ -2,8 +2,8 @@
 
 A checkpoint is a directory (RunDir.checkpoint_dirs): every rank writes its shards of the model and the
 optimizer state there, in parallel, and rank 0 adds the small rest of the training state (scheduler, scaler,
-early stopping, every rank's RNG, the data position: train/checkpoint.py's `training_state` without the
-tensors). The directory is written hidden, then renamed into place by rank 0 after all ranks are done, so
+early stopping, every rank's RNG, the data position, the run's config and its hash, which `resume` compares
+with config.yaml: train/checkpoint.py's `training_state` without the tensors). The directory is written hidden, then renamed into place by rank 0 after all ranks are done, so
 `last` always names a whole checkpoint.
 
 DCP stores each tensor with its global shape and reshards on load: a checkpoint written by N ranks loads
