@@ -95,6 +95,7 @@ def train(
 
     Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
     with `trainwise resume`); 130 aborted by a second Ctrl-C; 2 bad input; 1 a failure."""
+    from trainwise.plan.auto_micro_batch import resolve_micro_batch
     from trainwise.recipes import load_recipe
     from trainwise.train.run import train_run
 
@@ -104,7 +105,7 @@ def train(
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
         raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
-        run = train_run(config, out, overwrite=overwrite)
+        run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch)
     _finish(run.read_summary(), run.path)
 
 
@@ -126,7 +127,11 @@ def _planned_strategy(config, ranks: int) -> list[str]:
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
            nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`."),
            trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made "
-                                           "by someone else names (read its config.yaml first).")) -> None:
+                                           "by someone else names (read its config.yaml first)."),
+           allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Accept edits of "
+                                                    "config.yaml that are safe mid-run (train.max_steps, "
+                                                    "logging, eval and checkpoint cadence, telemetry); other "
+                                                    "edits are refused either way.")) -> None:
     """Continue a run from its last checkpoint with its saved config.
 
     Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
@@ -134,10 +139,11 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     from trainwise.train.run import resume_run
 
     if nproc is not None and not inside_a_launch():
-        command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else [])
+        command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
+            ["--allow-config-change"] if allow_config_change else [])
         raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
     with _exit_code_of_the_run(run_dir):
-        run = resume_run(run_dir, trust_code=trust_code)
+        run = resume_run(run_dir, trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
 
 
@@ -146,10 +152,17 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to create."),
     overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
 ) -> None:
-    """Train the `digits` recipe, evaluate it on its test split and say where the results are."""
+    """Train the `digits` recipe, evaluate it on its test split and say where the results are.
+
+    Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
+    with `trainwise resume`, then `trainwise eval`); 130 aborted by a second Ctrl-C; 2 bad input."""
     from trainwise.demo import demo_run
 
-    demo_run(out, overwrite=overwrite, console=console)
+    with _run_dir_os_errors(out), _exit_code_of_the_run(out):
+        run = demo_run(out, overwrite=overwrite, console=console)
+    summary = run.read_summary()
+    if summary.get("status") != "completed":
+        _finish(summary, run.path)
 
 
 @contextmanager

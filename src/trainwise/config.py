@@ -125,9 +125,11 @@ class TrainConfig(Section):
     epochs: float | None = Field(None, gt=0, description="Passes over the training data, when max_steps "
                                  "is not set.")
     batch_size: int = Field(32, gt=0, description="Effective batch: samples per optimizer step.")
-    micro_batch_size: int | None = Field(None, gt=0, description="Samples per forward/backward; "
-                                         "batch_size / micro_batch_size micro-batches are accumulated. "
-                                         "Default: batch_size.")
+    micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        None, description="Samples per forward/backward; batch_size / micro_batch_size micro-batches are "
+        "accumulated. Default: batch_size. `auto`: when the run starts, the largest divisor of the per-rank batch "
+        "whose planned peak memory (`trainwise plan`'s trace of the step) fits the memory free on the device less "
+        "a safety margin; the choice and its numbers are an event, config.yaml records the number.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 where the "
                                                                 "device supports it, fp16 on older CUDA cards, "
                                                                 "fp32 otherwise.")
@@ -156,8 +158,14 @@ class TrainConfig(Section):
                                   "instead of hanging.")
 
     @property
+    def micro_batch(self) -> int:
+        """The micro-batch as a number: the whole batch when none is set or when `auto` is not resolved yet
+        (the planner and the loader bench size for that; `trainwise train` resolves `auto` before training)."""
+        return self.micro_batch_size if isinstance(self.micro_batch_size, int) else self.batch_size
+
+    @property
     def accumulation_steps(self) -> int:
-        return self.batch_size // (self.micro_batch_size or self.batch_size)
+        return self.batch_size // self.micro_batch
 
     def steps_per_epoch(self, num_train: int) -> int:
         """Optimizer steps in one pass over `num_train` samples. The last partial batch is dropped (every step
@@ -172,6 +180,17 @@ class TrainConfig(Section):
         """Optimizer steps of the whole run: `max_steps`, else `epochs` passes (a fraction of a pass rounds up)."""
         return self.max_steps or math.ceil(self.epochs * self.steps_per_epoch(num_train))
 
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _micro_batch_number_or_auto(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return value
+        text = str(value).strip()
+        if isinstance(value, bool) or not text.isdigit() or int(text) == 0:
+            raise ValueError(f"{value!r} is not a micro-batch size; use a positive whole number of samples, or "
+                             "`auto` (the largest that fits the memory free on the device)")
+        return int(text)
+
     @field_validator("device")
     @classmethod
     def _device_can_train(cls, value: str) -> str:
@@ -183,7 +202,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _batch_sizes_agree(self) -> "TrainConfig":
-        micro = self.micro_batch_size or self.batch_size
+        micro = self.batch_size if self.micro_batch_size in (None, "auto") else self.micro_batch_size
         if micro > self.batch_size:
             raise ValueError(f"micro_batch_size ({micro}) is larger than batch_size ({self.batch_size}); "
                              "the micro-batch is the part of the batch that fits, so it must be ≤ batch_size")

@@ -114,7 +114,7 @@ def bench(directory: str | Path, config: RunConfig, model_rate: ModelRate, *, re
           split: str = "train", seconds: float = 2.0) -> BenchResult:
     """Measure the loader at each worker count against `model_rate` (the model `config` builds), and decide."""
     manifest = read_manifest(directory)
-    batch = batch_size or config.train.micro_batch_size or config.train.batch_size
+    batch = batch_size or config.train.micro_batch
     dataset = PreparedDataset(directory, split, manifest=manifest)
     if not len(dataset):
         raise DataError(f"{directory}: the {split} split is empty.")

@@ -131,10 +131,39 @@ def barrier(ranks: Ranks) -> None:
 
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
     """Each flag true on every rank when it is true on one, in one small all-reduce: ranks must take every
-    stop decision on the same step. Called at settle points only (log steps, evaluations, checkpoints)."""
+    stop decision on the same step. Called at settle points only (log steps, evaluations, checkpoints), and
+    once per guarded step (train/recovery.py: did any rank run out of memory?)."""
     value = torch.tensor([float(flag) for flag in flags], device=device if device.type == "cuda" else "cpu")
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return [v > 0 for v in value.tolist()]
+
+
+# DDP's own default bucket size (bucket_cap_mb=25): big enough to amortise a collective's latency, small
+# enough that the flattened copy costs little memory next to the gradients themselves
+GRADIENT_BUCKET_BYTES = 25 * 2**20
+
+
+def average_gradients(parameters: list[nn.Parameter]) -> None:
+    """What DDP's reducer does in backward, done after it: every rank's accumulated gradients replaced by their
+    mean over the ranks, a few collectives for the whole model (one per ~25 MiB bucket of one dtype)."""
+    open_buckets: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], int]] = {}
+    buckets: list[list[torch.Tensor]] = []
+    for grad in (p.grad for p in parameters if p.grad is not None):
+        bucket, size = open_buckets.get((grad.dtype, grad.device), ([], 0))
+        if not bucket or size + grad.nbytes > GRADIENT_BUCKET_BYTES:
+            bucket, size = [], 0
+            buckets.append(bucket)
+        bucket.append(grad)
+        open_buckets[(grad.dtype, grad.device)] = (bucket, size + grad.nbytes)
+    world_size = dist.get_world_size()
+    for bucket in buckets:
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        flat.div_(world_size)  # before the sum, as DDP does: the same numbers as its update, no fp16 overflow
+        dist.all_reduce(flat)
+        offset = 0
+        for grad in bucket:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
 
 def reduce_log_record(record: dict[str, float], device: torch.device) -> dict[str, float]:

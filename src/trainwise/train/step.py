@@ -96,20 +96,28 @@ class TrainStep:
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
         # a named range in torch.profiler traces (and the window the planner's benchmark measures)
         with torch.profiler.record_function(STEP_RANGE):
-            loss = torch.zeros((), device=self.device)
-            for index, (inputs, targets) in enumerate(micro_batches):
-                loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1)
-            return self.update(loss)
+            return self.update(self.accumulate(micro_batches))
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *, last: bool) -> torch.Tensor:
+    def accumulate(self, micro_batches: Sequence[MicroBatch], *, local: bool = False) -> torch.Tensor:
+        """Forward/backward of every micro-batch (gradients add up); the step's loss, detached.
+        `local`: through the plain model, so no DDP hook runs and the gradients stay on this rank until the
+        caller reduces them (the guarded steps of train/recovery.py)."""
+        loss = torch.zeros((), device=self.device)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1, local=local)
+        return loss
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *, last: bool,
+                         local: bool = False) -> torch.Tensor:
         """Add one micro-batch's gradients; its share of the step's loss, detached."""
         inputs, targets = self.to_device(inputs), self.to_device(targets)
         if self.augment is not None:
             inputs = self.augment(inputs)
+        forward = self.model if local else self.forward
         # DDP all-reduces gradients during backward; only the last micro-batch of a step needs it
-        with self.no_sync() if self.no_sync is not None and not last else nullcontext():
+        with self.no_sync() if self.no_sync is not None and not (last or local) else nullcontext():
             with autocast(self.precision, self.device):  # the loss too, as torch.amp recommends
-                outputs = self._call("the forward", self.forward, inputs)
+                outputs = self._call("the forward", forward, inputs)
                 loss = self._call("the loss", self.loss_fn, outputs, targets, inputs=inputs)
                 loss = loss / self.accumulation_steps
                 del outputs  # held by the graph as needed; this name must not keep it past backward
