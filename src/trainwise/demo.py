@@ -12,9 +12,13 @@ from trainwise.train.run import train_run
 
 
 def demo_run(out: str | Path, *, overwrite: bool = False, console: Console | None = None) -> RunDir:
+    """Train, evaluate and report. A run stopped by a signal is left as it is (resumable), not evaluated:
+    its summary says `stopped`, and the caller says so."""
     console = console or Console()
     config = load_recipe("digits")
     run = train_run(config, out, overwrite=overwrite)
+    if run.read_summary().get("status") != "completed":
+        return run
     from trainwise.evaluate.run_eval import evaluate_run
     from trainwise.evaluate.report import write_report
 

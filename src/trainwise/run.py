@@ -11,8 +11,10 @@ directory alone, on another machine, after the fact.
       system.jsonl        telemetry samples
       checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt; sharded (fsdp): step-<N>/, last, best symlinks
       model.safetensors   final weights (the best ones when early stopping restored them)
-      summary.json        status, steps, best and final metrics, timings
-      eval/               metrics.json, confusion_matrix.csv, predictions.csv
+      summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint
+      eval/               metrics.json (latest), metrics-<split>.json (each split's latest),
+                          confusion_matrix.csv, predictions.csv
+      lr_find.json/.png   the LR range test, when `trainwise lr-find --out RUN` ran
       report.html         self-contained report
       checksums.json      SHA-256 and size of each checkpoint and of the final weights (run_integrity.py)
       .lock               held by the one process writing the run; says which (run_lock.py)
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 Severity = Literal["info", "warning", "error"]
 Status = Literal["running", "completed", "stopped", "failed"]
+ReadStatus = Literal["running", "interrupted", "completed", "stopped", "failed", "unknown"]  # RunDir.status()
 
 _CHECKPOINT_PREFIX = "step-"
 _CHECKPOINT_SUFFIX = ".pt"
@@ -93,7 +96,7 @@ class RunDir:
             if status == "completed":
                 advice = ("It holds a completed run, which cannot be resumed. Choose another --out "
                           "for a new run, or pass --overwrite to replace it.")
-            elif run.checkpoint_path("last").is_file():
+            elif run.has_checkpoint():
                 advice = (f"Continue it with `trainwise resume {path}`, choose another --out, or pass --overwrite "
                           "to replace it.")
             else:
@@ -145,7 +148,12 @@ class RunDir:
 
     @property
     def eval_metrics_path(self) -> Path:
+        """The latest evaluation, whichever split it measured."""
         return self.eval_dir / "metrics.json"
+
+    def eval_split_metrics_path(self, split: str) -> Path:
+        """The latest evaluation of one split, kept when another split is evaluated after it."""
+        return self.eval_dir / f"metrics-{split}.json"
 
     @property
     def eval_confusion_path(self) -> Path:
@@ -206,10 +214,26 @@ class RunDir:
         return run_lock.holder(self.lock_path)
 
     def liveness_note(self) -> str | None:
-        """A sentence for readers when the summary says `running`: still training, or killed mid-run."""
-        if self.read_summary().get("status") != "running":
+        """A sentence for readers when the summary says `running`: still training, or interrupted (killed
+        mid-run: no process writes it), with the step it reached and the command that continues it."""
+        summary = self.read_summary()
+        if summary.get("status") != "running":
             return None
-        return run_lock.liveness_note(self.path, self.live_writer())
+        return run_lock.liveness_note(self.path, self.live_writer(), summary.get("steps"), summary.get("max_steps"),
+                                      resumable=self.has_checkpoint())
+
+    def has_checkpoint(self) -> bool:
+        """Whether any checkpoint (file or sharded directory) is on disk: something `trainwise resume` can use."""
+        return bool(self.checkpoint_path("last").is_file() or self.step_checkpoints() or self.checkpoint_dirs.steps())
+
+    def status(self) -> ReadStatus:
+        """The run's status as readers say it: the summary's, `interrupted` when it says `running` but no
+        process is writing the run (killed or crashed: `trainwise resume` continues it), `unknown` when
+        there is no readable summary."""
+        status = self.read_summary().get("status")
+        if status == "running" and self.live_writer() is None:
+            return "interrupted"
+        return status if status in ("running", "completed", "stopped", "failed") else "unknown"
 
     def remove_stale_temp_files(self) -> list[Path]:
         """For readers (eval, report): remove the temporary files of a killed writer, unless one is live."""
@@ -362,6 +386,7 @@ class RunDir:
         """A warning (for `train`, before training) when the disk cannot hold the checkpoints this run keeps
         at once, else None. Checkpoints already here count as space a resumed run reuses."""
         existing = list(self.checkpoints_dir.glob(f"*{_CHECKPOINT_SUFFIX}")) if self.checkpoints_dir.is_dir() else []
+        existing += [directory for _, directory in self.checkpoint_dirs.steps()]  # sharded (fsdp) checkpoints
         return free_space_warning(self.path, existing, checkpoint_bytes, keep_last)
 
     @property

@@ -141,13 +141,19 @@ def in_use(run: Path, other: Holder) -> RunInUseError:
                          f"it to finish (or stop it), then try again. `trainwise report {run}` reads a live run.")
 
 
-def liveness_note(run: Path, writer: Holder | None) -> str:
-    """For a run whose summary says `running`: is it really (`writer` holds the lock), or was it killed?"""
+def liveness_note(run: Path, writer: Holder | None, steps: int | None = None, max_steps: int | None = None, *,
+                  resumable: bool = True) -> str:
+    """For a run whose summary says `running`: is it really (`writer` holds the lock), or was it killed?
+    `steps` (of `max_steps`): how far its summary says it got; `resumable`: whether it left a checkpoint."""
     if writer is not None:
         return (f"{run} is still being trained (by {writer.describe()}): what is read now is a snapshot that "
                 "changes as training goes on.")
-    return (f"{run} says it is running, but no process is writing it: it was killed or crashed. Continue it "
-            f"with `trainwise resume {run}`.")
+    reached = f" at step {steps}" + (f" of {max_steps}" if max_steps else "") if steps is not None else ""
+    killed = f"{run} was interrupted{reached}: it says it is running, but no process is writing it: it was killed"
+    if not resumable:
+        return (f"{killed} or crashed before its first checkpoint, so there is nothing to resume. Train it again "
+                f"with `trainwise train RECIPE --out {run} --overwrite`.")
+    return f"{killed} or crashed. Continue it from its last checkpoint with `trainwise resume {run}`."
 
 
 def _take(lock_path: Path, run: Path) -> _Hold:

@@ -129,3 +129,33 @@ def test_parallel_runs_share_the_usable_cores(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert _child_env(0, workers=3)["OMP_NUM_THREADS"] == "1"
     assert _child_env(0, workers=1)["OMP_NUM_THREADS"] == "3"
+
+
+def test_one_class_metric_is_an_ablation_metric_checked_before_any_run(tmp_path):
+    from trainwise.evaluate.ablate import _config, check_metric
+
+    config = _config("breast-cancer", [])
+    check_metric(config, "test/malignant/recall")  # the metric the README says matters
+    check_metric(config, "test/benign/f1")
+    with pytest.raises(ConfigError, match=r"Did you mean test/malignant/recall\?.*per class, test/<class>/"
+                                          r"<precision\|recall\|f1> for the classes 'benign', 'malignant'"):
+        check_metric(config, "test/malignant/recal")
+    with pytest.raises(ConfigError, match="no val metric 'malignant/recall'"):
+        check_metric(config, "val/malignant/recall")  # validation logs no per-class metrics
+
+
+def test_one_class_metric_is_read_from_the_evaluation(tmp_path):
+    import json
+
+    from trainwise.evaluate.ablate import _metric_value
+    from trainwise.run import RunDir
+
+    run = RunDir(tmp_path)
+    run.eval_dir.mkdir()
+    run.eval_metrics_path.write_text(json.dumps({"split": "test", "accuracy": 0.9, "per_class": [
+        {"class": "malignant", "precision": 0.8, "recall": 0.75, "f1": 0.77},
+        {"class": "benign", "precision": 0.95, "recall": 0.97, "f1": 0.96}]}))
+    assert _metric_value(run, "test", "malignant/recall") == 0.75
+    assert _metric_value(run, "test", "benign/precision") == 0.95
+    with pytest.raises(ConfigError, match="no class 'cat'"):
+        _metric_value(run, "test", "cat/recall")

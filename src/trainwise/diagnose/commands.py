@@ -36,20 +36,29 @@ SEVERITY_STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 
 def diagnose(
     run_dir: str = typer.Argument(..., metavar="RUN", help="A run directory written by `trainwise train`."),
-    as_json: bool = typer.Option(False, "--json", help='Print one JSON object on one line: {"run", "findings"}, '
-                                 "each finding with code, severity, title, detail, evidence, fixes, step."),
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object on one line: {"run", "status", '
+                                 '"findings"}, each finding with code, severity, title, detail, evidence, fixes, '
+                                 "step; status `interrupted` for a run killed mid-run."),
 ) -> None:
     """Diagnose a run from its directory: convergence, over/underfitting, slow training, memory leaks and
     GPU hardware, worst first, each with the step, the numbers and the fixes (simplest first). Exit 0 with
     or without findings; 2 when RUN is not a run directory or has no metrics yet."""
+    from trainwise.findings import worst_first
     from trainwise.diagnose.run_rules import diagnose_run
+    from trainwise.run import RunDir
 
-    findings = diagnose_run(run_dir)
+    run = RunDir.open(run_dir)
+    findings = diagnose_run(run)
+    status = run.status()
+    state = _run_state_finding(run, status)
+    findings = worst_first([state, *findings]) if state else findings
     if as_json:
-        print(json.dumps(_finite({"run": str(run_dir), "findings": [f.to_dict() for f in findings]}),
+        print(json.dumps(_finite({"run": str(run_dir), "status": status, "findings": [f.to_dict() for f in findings]}),
                          allow_nan=False))
         return
     console = Console()
+    if state is not None:  # first, whole (a path is not folded): the resume command is copied from here
+        console.print(Text(state.detail, style="bold yellow" if status == "interrupted" else "bold"), soft_wrap=True)
     if not findings:
         console.print(Text(f"{run_dir}: no findings: the curves, throughput, memory and GPUs look healthy."))
         return
@@ -61,6 +70,24 @@ def diagnose(
     console.print(table)
     console.print(Text(f"{len(findings)} finding(s); `trainwise diagnose {run_dir} --json` gives the evidence "
                        "and every fix.", style="dim"))
+
+
+def _run_state_finding(run, status: str):
+    """A finding for a run that is still training (info) or was interrupted (warn, with the resume command)."""
+    from trainwise.findings import Finding
+
+    note = run.liveness_note()
+    if note is None or status not in ("running", "interrupted"):
+        return None
+    summary = run.read_summary()
+    evidence = {"status": status, "steps": summary.get("steps"), "max_steps": summary.get("max_steps"),
+                "last_checkpoint_step": summary.get("last_checkpoint_step"), "updated": summary.get("updated")}
+    if status == "running":
+        return Finding("run_in_progress", "info", "The run is still training", note, evidence, step=evidence["steps"])
+    fix = (f"trainwise resume {run.path}" if run.has_checkpoint()  # killed before its first checkpoint: start over
+           else f"trainwise train RECIPE --out {run.path} --overwrite")
+    return Finding("run_interrupted", "warn", "The run was interrupted (killed or crashed mid-run)", note, evidence,
+                   fixes=(fix,), step=evidence["steps"])
 
 
 def check(

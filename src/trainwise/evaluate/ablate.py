@@ -4,7 +4,8 @@ Runs the baseline and every variant for each seed, each as its own `python -m tr
 parallel where cores and GPUs allow), evaluates each on its test split (in this process), and writes
 DIR/ablation.json and DIR/ablation.html: mean ± std of the target metric per variant, the delta against the
 baseline, and whether that delta is within seed noise (a paired test over the seeds: ablation_stats). The
-metric and every --vary value are checked before the first run. An interrupted ablation resumes: a run whose
+metric (test/accuracy, val/loss, or one class's test/<class>/recall) and every --vary value are checked
+before the first run. An interrupted ablation resumes: a run whose
 directory holds a completed run of the same config is reused, anything else is run again.
 """
 from __future__ import annotations
@@ -109,10 +110,10 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
     out = Path(out)
     base = _config(recipe, list(overrides))
     metric = metric or _default_metric(base)
-    split, _, metric_name = metric.rpartition("/")
+    split, _, metric_name = metric.partition("/")
     if split not in ("val", "test") or not metric_name:
-        raise ConfigError(f"--metric {metric!r}: write it as test/<metric> or val/<metric>, "
-                          "e.g. test/balanced_accuracy.")
+        raise ConfigError(f"--metric {metric!r}: write it as test/<metric> or val/<metric>, e.g. "
+                          "test/balanced_accuracy, or test/<class>/<precision|recall|f1> for one class.")
     variants, skipped = plan_variants(recipe, parse_vary(vary), mode=mode, overrides=list(overrides))
     check_metric(base, metric)  # before the first run, not after every variant has trained
     if skipped:
@@ -160,6 +161,7 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
 
 
 _NOT_METRICS = {"samples", "num_classes"}
+PER_CLASS_STATS = ("precision", "recall", "f1")
 RANKING_METRIC = "test/ndcg@10"  # a recommender is compared on its full-ranking NDCG@10, not its training loss
 
 
@@ -200,6 +202,8 @@ def metric_names(config: RunConfig) -> tuple[str, dict[str, list[str]]] | None:
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in _NOT_METRICS]
     if "macro" in test:
         test_names.append("macro_f1")
+    # one class's precision, recall or F1 (the recall of `malignant`): test/<class>/<statistic>
+    test_names += [f"{row['class']}/{stat}" for row in test.get("per_class", []) for stat in PER_CLASS_STATS]
     return spec.task, {"val": list(val), "test": test_names}
 
 
@@ -211,13 +215,17 @@ def check_metric(config: RunConfig, metric: str) -> None:
     if found is None:
         return
     task, names = found
-    split, _, name = metric.rpartition("/")
+    split, _, name = metric.partition("/")
     if name in names[split]:
         return
     close = difflib.get_close_matches(name, names[split], n=1)
     hint = f" Did you mean {split}/{close[0]}?" if close else ""
+    overall = [n for n in names[split] if "/" not in n]
+    classes = list(dict.fromkeys(n.rpartition("/")[0] for n in names[split] if "/" in n))
+    per_class = (f"; and per class, {split}/<class>/<{'|'.join(PER_CLASS_STATS)}> for the classes "
+                 + ", ".join(repr(c) for c in classes)) if classes else ""
     raise ConfigError(f"--metric {metric!r}: a {task} run records no {split} metric {name!r}.{hint} It records: "
-                      + ", ".join(f"{split}/{n}" for n in names[split]) + ".")
+                      + ", ".join(f"{split}/{n}" for n in overall) + per_class + ".")
 
 
 def default_workers(jobs: int) -> int:
@@ -234,7 +242,7 @@ def _run_one(recipe: str, overrides: list[str], path: Path, *, split: str, log: 
              env: dict[str, str]) -> dict[str, Any]:
     trained = _completed_with_config(path, _fingerprint(_config(recipe, overrides)))
     needs_eval = split == "test"
-    if trained and (not needs_eval or (read_eval(RunDir(path)) or {}).get("split") == "test"):
+    if trained and (not needs_eval or read_eval(RunDir(path), "test") is not None):
         return {"ok": True, "status": "completed", "reused": True}
     if not trained:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -268,9 +276,16 @@ def _completed_with_config(path: Path, fingerprint: str) -> bool:
 
 def _metric_value(run: RunDir, split: str, name: str) -> float | None:
     if split == "test":
-        evaluation = read_eval(run) or {}
+        evaluation = read_eval(run, "test") or {}
         if name == "macro_f1":
             return (evaluation.get("macro") or {}).get("f1")
+        if "/" in name:  # <class>/<statistic>; None when the test split holds no sample of the class
+            label, _, stat = name.rpartition("/")
+            rows = [r for r in evaluation.get("per_class", []) if r.get("class") == label]
+            if not rows or stat not in PER_CLASS_STATS:
+                raise ConfigError(f"--metric test/{name}: the evaluation has no class {label!r}; it has "
+                                  + ", ".join(repr(r.get("class")) for r in evaluation.get("per_class", [])) + ".")
+            return rows[0][stat]
         value = evaluation.get(name)
         if not isinstance(value, (int, float)):
             raise ConfigError(f"--metric test/{name}: the evaluation has no scalar {name!r}; it has "

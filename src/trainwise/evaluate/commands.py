@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 
@@ -25,8 +26,9 @@ def register(app: typer.Typer) -> None:
 def eval_command(
     run_dir: Path = typer.Argument(..., help=RUN_HELP),
     split: str = typer.Option("test", help="Which split to measure: test, val or train."),
-    checkpoint: str = typer.Option("best", help="Weights: best or last checkpoint, or final "
-                                   "(model.safetensors)."),
+    checkpoint: str = typer.Option("best", help="Weights: best or last checkpoint, or final: the run's last "
+                                   "step (model.safetensors, or the last checkpoint when early stopping "
+                                   "restored the best weights into model.safetensors)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON instead of tables."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made by "
                                     "someone else names (read its config.yaml first)."),
@@ -93,6 +95,8 @@ def compare_command(
         table.add_row(key, *(f"{v:.4g}" if isinstance(v, float) else ("—" if v is None else str(v))
                              for v in values))
     console.print(table)
+    for note in result.get("notes", []):
+        console.print(Text(note), soft_wrap=True)
 
 
 def ablate_command(
@@ -106,8 +110,9 @@ def ablate_command(
     mode: str = typer.Option("one-at-a-time", help="one-at-a-time (each change alone) or grid (all "
                              "combinations)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory of the ablation; rerun to resume."),
-    metric: Optional[str] = typer.Option(None, help="test/<metric> or val/<metric> to compare; default: "
-                                         "the recipe's monitored metric on the test split."),
+    metric: Optional[str] = typer.Option(None, help="test/<metric>, val/<metric> or one class's "
+                                         "test/<class>/<precision|recall|f1> to compare; default: the recipe's "
+                                         "monitored metric on the test split."),
     workers: Optional[int] = typer.Option(None, help="Runs at a time (default: one per core, or per GPU)."),
 ) -> None:
     """Train the baseline and each variant for several seeds; table of mean ± std, delta and noise test."""

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from trainwise.errors import RunDirError
-from trainwise.evaluate.run_eval import read_eval
+from trainwise.evaluate.run_eval import read_evals
 from trainwise.run import RunDir
 
 # scalar evaluation metrics worth a row, in this order, when present
@@ -29,7 +29,8 @@ def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def compare_runs(paths: list[str | os.PathLike]) -> dict[str, Any]:
-    """{"runs": [...], "config_differences": {key: [value per run]}, "metrics": {row: [value per run]}}."""
+    """{"runs": [...], "config_differences": {key: [value per run]}, "metrics": {row: [value per run]},
+    "notes": [a sentence per run still training or interrupted]}."""
     if not paths:
         raise RunDirError("give at least one run directory to compare.")
     runs = [RunDir.open(p) for p in paths]
@@ -46,6 +47,8 @@ def compare_runs(paths: list[str | os.PathLike]) -> dict[str, Any]:
         "names": _labels(runs),
         "config_differences": differences,
         "metrics": {name: [row.get(name) for row in rows] for name in metric_names},
+        # a run still training, or interrupted (killed mid-run) with the command that continues it
+        "notes": [note for note in (run.liveness_note() for run in runs) if note],
     }
 
 
@@ -64,7 +67,7 @@ def _raw_config(run: RunDir) -> dict[str, Any]:
 
 def _metric_row(run: RunDir) -> dict[str, Any]:
     summary = run.read_summary()
-    row: dict[str, Any] = {"status": summary.get("status", "unknown"), "steps": summary.get("steps")}
+    row: dict[str, Any] = {"status": run.status(), "steps": summary.get("steps")}  # `interrupted`: killed mid-run
     best = summary.get("best") or {}
     if best.get("metric"):
         row[f"best {best['metric']}"] = best.get("value")
@@ -72,9 +75,7 @@ def _metric_row(run: RunDir) -> dict[str, Any]:
     for key, value in (summary.get("final") or {}).items():
         if key not in ("step", "epoch", "time", "split") and isinstance(value, (int, float)):
             row[f"final val/{key}"] = value
-    evaluation = read_eval(run)
-    if evaluation:
-        split = evaluation.get("split", "test")
+    for split, evaluation in read_evals(run).items():  # each split evaluated, test first
         for key in EVAL_METRICS:
             if isinstance(evaluation.get(key), (int, float)):
                 row[f"{split}/{key}"] = evaluation[key]

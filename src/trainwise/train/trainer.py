@@ -40,11 +40,12 @@ from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
-from trainwise.train.recovery import recover_from_oom
+from trainwise.train.recovery import OomGuard, recover_from_oom
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
+from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
 from trainwise.train.timing import StepTimer
 
 
@@ -74,7 +75,11 @@ class Trainer:
             self.run_dir = FollowerRunDir(self.run_dir.path)
 
         train = config.train
-        self.micro_batch_size = train.micro_batch_size or train.batch_size
+        if train.micro_batch_size == "auto":
+            raise ConfigError("train.micro_batch_size=auto is chosen by `trainwise train` (or "
+                              "trainwise.plan.auto_micro_batch.resolve_micro_batch) before a Trainer is built; "
+                              "give the Trainer a number.")
+        self.micro_batch_size = train.micro_batch
         per_step = self.micro_batch_size * self.ranks.world_size
         if train.batch_size % per_step:
             raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of micro_batch_size "
@@ -120,6 +125,7 @@ class Trainer:
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
+        self._summary = RunSummary()  # summary.json: at the start, at every checkpoint, at the end
 
     # ---- public ------------------------------------------------------------------------------------
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
@@ -179,22 +185,17 @@ class Trainer:
         log_every = self.config.train.log_every
         while self.step < self.max_steps and self._stop_reason is None:
             micro_batches = next(batches)
-            try:
-                self._outcome = self.train_step(micro_batches)
-            except torch.OutOfMemoryError:
-                if not self._may_recover_from_oom():
-                    raise
-                out_of_memory = True
-            else:
-                out_of_memory = False
-            if out_of_memory:  # outside the except clause: the failed step's frames are gone
+            outcome, out_of_memory_on = self.oom_guard.step(micro_batches)
+            if outcome is None:  # out of memory (agreed by every rank): retry the same samples, smaller
                 del micro_batches
-                recover_from_oom(self)
+                recover_from_oom(self, out_of_memory_on)
+                self.oom_guard.restart()
                 batches = self._batches(timer)  # the same position, cut into the new micro-batches
                 continue
+            self._outcome = outcome
             self.step += 1
             self.batch_in_epoch += 1
-            self.health.record(self.step, self._outcome)
+            self.health.record(self.step, self._outcome, micro_batches)
             timer.step_done(self._outcome.loss, samples=self.config.train.batch_size)
             self.callbacks.on_step_end(self)
             end_of_epoch = self.batch_in_epoch == self.steps_per_epoch
@@ -220,10 +221,12 @@ class Trainer:
         if self._settled_step != self.step:  # stopped by a signal between settle points
             self._settle(None)
 
-    def _may_recover_from_oom(self) -> bool:
-        # under torchrun the other ranks wait in the gradient all-reduce: agreeing needs a collective that
-        # the failed rank can no longer reach, so a distributed run stops (and the others time out)
-        return self.config.train.oom_policy == "recover" and not self.ranks.enabled
+    @property
+    def oom_guard(self) -> OomGuard:
+        """Runs each step so that running out of memory is recoverable, on every rank alike (recovery.py)."""
+        if self.__dict__.get("_oom_guard") is None:
+            self._oom_guard = OomGuard(self)
+        return self._oom_guard
 
     def set_micro_batch(self, micro_batch_size: int) -> None:
         """Cut each step into micro-batches of this size from now on (the effective batch stays)."""
@@ -233,6 +236,7 @@ class Trainer:
         self.sampler.micro_batch_size = micro_batch_size
         self.sampler.batches_per_epoch = self.steps_per_epoch * self.accumulation_steps
         self.eval_batch_size = 2 * micro_batch_size
+        self.oom_guard.restart()  # the first steps of a new micro-batch are where memory runs out
 
     def _settle(self, micro_batches: list[MicroBatch] | None) -> None:
         """Read what the steps since the last settle point went through (one transfer) and act on it; under
@@ -295,8 +299,10 @@ class Trainer:
         self._save_checkpoint(is_best=is_best)
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
-        self._last_checkpoint_step = self.step
         path = ckpt.save(self, is_best=is_best)
+        self._last_checkpoint_step = self.step  # only once it is on disk: a resume continues from here
+        if self._summary.started is not None and self.ranks.is_main:  # a killed run's summary shows its progress
+            self._write_summary("running", self._summary.started)
         self.callbacks.on_checkpoint(self, path)
 
     def _load(self, path: Path) -> None:
@@ -304,6 +310,8 @@ class Trainer:
         self.train_step.steps_done = self.step
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
+        if self.early_stopping.should_stop:  # it stopped early, then was cut off in its final save
+            self.request_stop("early_stop")
         self.run_dir.drop_metrics_after(self.step)
         self.run_dir.log_event("resumed", f"resumed from step {self.step} (epoch {self.epoch}, batch "
                                f"{self.batch_in_epoch})", step=self.step, evidence={"checkpoint": path.name})
@@ -335,53 +343,51 @@ class Trainer:
         raise TrainingError(problem)
 
     def _finish(self, started: float) -> dict[str, Any]:
-        if self._stop_reason is None or self._stop_reason == "early_stop":
-            if self._last_checkpoint_step != self.step:
-                self._save_checkpoint()
-            restored = ckpt.restore_best(self)
-            message = None
-            if self._stop_reason == "early_stop":
-                message = (f"stopped early at step {self.step} of {self.max_steps} ({self.config.eval.monitor} did "
-                           f"not improve for {self.early_stopping.patience} evaluations); best step "
-                           f"{self.early_stopping.best_step} " + ("restored" if restored else "kept"))
-                self.run_dir.log_event("early_stop", message, step=self.step,
-                                       evidence=self.early_stopping.state_dict())
-            self.run_dir.write_model(ckpt.final_weights(self), {"step": str(self.step), "restored_best": str(restored)})
-            summary = self._write_summary("completed", started, message=message, restored_best=restored)
-        else:
-            if self._last_checkpoint_step != self.step:
-                self._save_checkpoint()
-            message = (f"stopped by {self._stop_reason.split(':')[-1]} after step {self.step}; checkpoint "
-                       f"written. Continue with: trainwise resume {self.run_dir.path}")
-            self.run_dir.log_event("stopped", message, severity="warning", step=self.step)
+        """The final writes, in an order that leaves a consistent run at every instant: the last checkpoint
+        and a `running` summary of its step (resumable), then the weights, then the `completed` summary.
+        A signal during them is held until they are done; a second Ctrl-C, or a kill, leaves the run
+        resumable from the last checkpoint, and the resume ends with the same weights."""
+        try:
+            with GracefulStop():  # the run stops anyway: a first signal must not cut the final save
+                summary = self._final_writes(started)
+        except KeyboardInterrupt:
+            message = (f"aborted by a second Ctrl-C while saving step {self.step}; the checkpoint of step "
+                       f"{self._last_checkpoint_step} is kept. Continue with: trainwise resume {self.run_dir.path}")
             summary = self._write_summary("stopped", started, message=message)
+            self.callbacks.on_fit_end(self, summary)
+            raise
         self.callbacks.on_fit_end(self, summary)
         return summary
 
+    def _final_writes(self, started: float) -> dict[str, Any]:
+        if self._last_checkpoint_step != self.step:
+            self._save_checkpoint()  # the summary now says `running` at this step: resumable from here
+        if self._stop_reason is not None and self._stop_reason != "early_stop":
+            message = stopped_message(self)
+            self.run_dir.log_event("stopped", message, severity="warning", step=self.step)
+            return self._write_summary("stopped", started, message=message)
+        # model.safetensors holds the best step's weights when early stopping restores them; the final
+        # step's stay in the last checkpoint (`eval --checkpoint final` reads them from there)
+        restored = ckpt.restore_best(self)
+        weights_step = self.early_stopping.best_step if restored else self.step
+        message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
+        if message:
+            self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
+        self.run_dir.write_model(ckpt.final_weights(self), {"step": str(weights_step), "run_steps": str(self.step),
+                                                            "restored_best": str(restored)})
+        return self._write_summary("completed", started, message=message, restored_best=restored)
+
     def _write_summary(self, status: str, started: float, message: str | None = None,
                        restored_best: bool = False) -> dict[str, Any]:
-        val = self.run_dir.read_metrics("val")
-        train = self.run_dir.read_metrics("train")
-        wall = time.time() - started
-        summary = {
-            "status": status, "steps": self.step, "max_steps": self.max_steps, "epoch": self.epoch,
-            "best": {"metric": self.config.eval.monitor, "value": self.early_stopping.best,
-                     "step": self.early_stopping.best_step},
-            "final": val[-1] if val else {}, "restored_best": restored_best,
-            "timings": {"wall_s": wall,
-                        "samples_per_s": train[-1]["samples_per_s"] if train else None},
-            "device": str(self.device), "precision": self.precision, "tf32": self.tf32,
-            "skipped_steps": self.skipped_steps, "message": message,
-        }
-        self.run_dir.write_summary(summary)
-        return summary
+        return self._summary.write(self, status, started, message=message, restored_best=restored_best)
 
 
 def _default_callbacks(config: RunConfig) -> list[Callback]:
     from trainwise.train.live_diagnosis import LiveDiagnosis
+    from trainwise.train.nonfinite_validation import NonFiniteValidation
     from trainwise.train.progress import ProgressDisplay, TensorBoardLog
 
-    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis()]
+    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis(), NonFiniteValidation()]
     if TensorBoardLog.available():
         callbacks.append(TensorBoardLog())
     if config.telemetry.enabled:
