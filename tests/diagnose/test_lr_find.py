@@ -140,6 +140,17 @@ def test_bad_settings_are_config_errors(kwargs, message):
         finder.SweepSettings(**kwargs).check()
 
 
+def test_a_run_directory_takes_its_first_lr_range_test_without_overwrite(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: x\n")
+    (run / "metrics.jsonl").write_text("")
+    finder.refuse_out_dir(run, overwrite=False)  # the report then shows the test beside the run
+    (run / finder.JSON_NAME).write_text("{}")
+    with pytest.raises(RunDirError, match="already holds files"):  # a second one replaces the first: say so
+        finder.refuse_out_dir(run, overwrite=False)
+
+
 def test_an_existing_out_dir_is_refused_unless_overwrite(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(RunDirError, match="already holds files"):

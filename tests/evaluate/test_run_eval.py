@@ -62,9 +62,24 @@ def test_missing_checkpoint_lists_what_is_there(trained_run, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(trained_run.path, copy)
-    RunDir(copy).checkpoint_path("best").unlink()
-    with pytest.raises(RunDirError, match="no `best` checkpoint.*--checkpoint last / final"):
-        evaluate_run(copy)
+    run = RunDir(copy)
+    for _, path in run.step_checkpoints():
+        path.unlink()
+    run.checkpoint_path("last").unlink()
+    with pytest.raises(RunDirError, match="no `last` checkpoint.*--checkpoint best / final"):
+        evaluate_run(copy, checkpoint="last")
+
+
+def test_a_run_without_best_is_evaluated_on_its_last_checkpoint_with_a_note(trained_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_run.path, copy)
+    RunDir(copy).checkpoint_path("best").unlink()  # as when every validation metric was NaN
+    result = evaluate_run(copy, checkpoint="best")
+    assert result["step"] == evaluate_run(trained_run, checkpoint="last")["step"]
+    notes = [w["message"] for w in result["warnings"] if w["kind"] == "checkpoint_fallback"]
+    assert notes and "no `best` checkpoint" in notes[0] and "evaluating the last weights" in notes[0]
 
 
 def test_weights_that_do_not_fit_the_config_are_refused(trained_run, tmp_path):

@@ -31,6 +31,7 @@ from trainwise.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
 from trainwise.config import RunConfig
 from trainwise.data.loader import LoaderSettings, build_loader
 from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
+from trainwise.run import RunDir
 from trainwise.train.device import resolve_device
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import make_scaler, resolve_precision
@@ -163,7 +164,7 @@ def sweep(model: nn.Module, train_data: Dataset, *, config: RunConfig, task: str
     settings.check()
     check_has_loss(task, model)
     train = config.train
-    micro_batch_size = train.micro_batch_size or train.batch_size
+    micro_batch_size = train.micro_batch
     accumulation_steps = train.batch_size // micro_batch_size
     samples = len(train_data)  # type: ignore[arg-type]
     batches_per_epoch = samples // micro_batch_size
@@ -263,10 +264,13 @@ def lr_find_config(config: RunConfig, settings: SweepSettings = SweepSettings())
 # ---- outputs --------------------------------------------------------------------------------------
 
 def refuse_out_dir(out: Path, *, overwrite: bool) -> None:
-    """Before any work: `out` must be a new or empty directory, unless the user said --overwrite."""
+    """Before any work: `out` must be a new or empty directory, or a run directory without an LR range test
+    yet (its report then shows the test), unless the user said --overwrite."""
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} exists and is not a directory; choose another --out.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    ours = [out / JSON_NAME, out / PNG_NAME]
+    a_run_to_add_to = RunDir(out).config_path.is_file() and not any(p.exists() for p in ours)
+    if out.is_dir() and any(out.iterdir()) and not overwrite and not a_run_to_add_to:
         raise RunDirError(f"--out {out} already holds files. Nothing was touched. Choose another --out, or pass "
                           "--overwrite to replace its lr_find.json and lr_find.png.")
     existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())

@@ -1,6 +1,7 @@
 """The report's figures, drawn with matplotlib (Agg, no display) and inlined as PNG data URIs.
 
 Figures are built with `matplotlib.figure.Figure` directly, not pyplot: no global state, safe in threads.
+Building a figure and encoding it (`data_uri`) are apart, so tests read the axes (limits, labels, ticks).
 """
 from __future__ import annotations
 
@@ -11,20 +12,31 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 WIDTH, HEIGHT, DPI = 6.4, 3.2, 110
 TRAIN_COLOR, VAL_COLOR, BEST_COLOR = "#1f77b4", "#d62728", "#2ca02c"
 
 
 def data_uri(figure: Figure) -> str:
+    """The PNG encoding of a built figure, as a data URI the report inlines."""
     FigureCanvasAgg(figure)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+class PlainLogFormatter(LogFormatter):
+    """Log-axis tick labels as plain numbers ("0.3", "2", "10"), not "3×10⁻¹": matplotlib still picks
+    which ticks get a label, so the axis does not crowd."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
 def _axes(title: str, xlabel: str = "step", ylabel: str = "", size=(WIDTH, HEIGHT)):
     figure = Figure(figsize=size)
+    FigureCanvasAgg(figure)
     ax = figure.add_subplot()
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
@@ -35,8 +47,11 @@ def _axes(title: str, xlabel: str = "step", ylabel: str = "", size=(WIDTH, HEIGH
 
 
 def line_chart(title: str, lines: dict[str, list[tuple[float, float]]], *, ylabel: str = "",
-               best_step: int | None = None, log_y: bool = False, xlabel: str = "step") -> str | None:
-    """One chart of several (x, y) series; None when there is nothing to draw."""
+               best_step: int | None = None, log_y: bool = False, xlabel: str = "step",
+               from_zero: bool = False, y_max: float | None = None) -> Figure | None:
+    """One chart of several (x, y) series; None when there is nothing to draw. `from_zero`: the axis starts
+    at 0 (shares, percentages, memory), so small noise is drawn small; `y_max`: the top the axis reaches at
+    least (100 for a percentage)."""
     lines = {name: [(x, y) for x, y in pts if y is not None and math.isfinite(y)] for name, pts in lines.items()}
     lines = {name: pts for name, pts in lines.items() if pts}
     if not lines:
@@ -51,11 +66,17 @@ def line_chart(title: str, lines: dict[str, list[tuple[float, float]]], *, ylabe
         ax.axvline(best_step, color=BEST_COLOR, linestyle="--", linewidth=1, label=f"best (step {best_step})")
     if log_y and all(y > 0 for pts in lines.values() for _, y in pts):
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(PlainLogFormatter())
+        ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+    elif from_zero or y_max is not None:
+        highest = max(y for pts in lines.values() for _, y in pts)
+        top = (highest * 1.15 or 1.0) if y_max is None else max(highest * 1.03, y_max)
+        ax.set_ylim(0.0 if from_zero else ax.get_ylim()[0], top)
     ax.legend(fontsize=8)
-    return data_uri(figure)
+    return figure
 
 
-def confusion_heatmap(labels: list[str], counts: list[list[int]], normalized: list[list[float]]) -> str:
+def confusion_heatmap(labels: list[str], counts: list[list[int]], normalized: list[list[float]]) -> Figure:
     """Colour = share of the true class (row-normalised), text = count: a rare class's misses stay visible."""
     n = len(labels)
     side = max(3.2, 0.45 * n + 1.6)
@@ -71,22 +92,35 @@ def confusion_heatmap(labels: list[str], counts: list[list[int]], normalized: li
             ax.text(j, i, f"{counts[i][j]}", ha="center", va="center", fontsize=8 if n > 6 else 10,
                     color="white" if share > 0.5 else "black")
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    return data_uri(figure)
+    return figure
 
 
-def reliability_diagram(bins: list[dict[str, Any]], ece: float) -> str | None:
+def reliability_diagram(bins: list[dict[str, Any]], ece: float) -> Figure | None:
+    """Accuracy per confidence bin against the diagonal, and under it how many samples each bin holds: a
+    bar far from the diagonal means little when it stands for three samples."""
     if not bins:
         return None
-    figure, ax = _axes(f"calibration (ECE {ece:.3f})", xlabel="confidence", ylabel="accuracy",
-                       size=(HEIGHT + 0.6, HEIGHT))
+    figure = Figure(figsize=(HEIGHT + 1.0, HEIGHT + 1.4))
+    FigureCanvasAgg(figure)
+    ax, counts_ax = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
+    ax.set_title(f"calibration (ECE {ece:.3f})", fontsize=10)
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfect")
+    lowers = [b["lower"] for b in bins]
     widths = [b["upper"] - b["lower"] for b in bins]
-    ax.bar([b["lower"] for b in bins], [b["accuracy"] for b in bins], width=widths, align="edge",
+    ax.bar(lowers, [b["accuracy"] for b in bins], width=widths, align="edge",
            color=TRAIN_COLOR, alpha=0.7, edgecolor="white", label="accuracy in bin")
+    ax.set_ylabel("accuracy")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    return data_uri(figure)
+    counts = [b["count"] for b in bins]
+    bars = counts_ax.bar(lowers, counts, width=widths, align="edge", color="grey", alpha=0.6, edgecolor="white")
+    counts_ax.bar_label(bars, labels=[str(c) for c in counts], fontsize=7)
+    counts_ax.set_ylim(0, max(counts) * 1.35)
+    counts_ax.set_ylabel("samples")
+    counts_ax.set_xlabel("confidence")
+    return figure
 
 
 def bar_chart_with_errors(title: str, names: list[str], means: list[float], stds: list[float],

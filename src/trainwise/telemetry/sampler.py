@@ -16,9 +16,12 @@ from typing import Any, Callable
 
 from trainwise.telemetry.nvml import NvmlSession, open_nvml
 
+MIN_CPU_WINDOW_S = 0.1  # psutil counts CPU time in 10 ms ticks: a shorter window reads as 0% or 100%
+
 
 class HostMeter:
-    """Host CPU, RAM and disk-read rate; rates are since the previous reading."""
+    """Host CPU, RAM and disk-read rate; rates are since the previous reading. The first reading must come
+    at least MIN_CPU_WINDOW_S after construction, or its CPU share covers no time and says 0%."""
 
     def __init__(self):
         import psutil
@@ -53,7 +56,8 @@ def read_sample(nvml: NvmlSession | None, host: HostMeter) -> dict[str, Any]:
 
 
 class Sampler:
-    """Samples every `interval_s` seconds on a daemon thread until `stop()`; the first sample is immediate."""
+    """Samples every `interval_s` seconds on a daemon thread until `stop()`; the first sample comes after
+    MIN_CPU_WINDOW_S, so its CPU share is measured over a real window (psutil's first call only primes)."""
 
     def __init__(self, write: Callable[[dict[str, Any]], None], interval_s: float = 2.0):
         self.write = write
@@ -88,6 +92,7 @@ class Sampler:
 
     def _run(self) -> None:
         _lower_priority()
+        self._stop.wait(MIN_CPU_WINDOW_S)
         while not self._stop.is_set():
             try:
                 sample = read_sample(self._nvml, self._host)
