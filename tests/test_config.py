@@ -90,3 +90,20 @@ def test_num_workers_accepts_auto_zero_and_counts():
 def test_warning_temperature_must_be_below_failure_in_a_recipe():
     with pytest.raises(ConfigError, match="must be below the failure temperature"):
         config_from_dict({"telemetry": {"temperature_warn_c": 95}})
+
+
+def test_a_bad_override_is_named_as_the_override_not_blamed_on_the_recipe_file():
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"train": {"max_steps": 5}}, source="recipe.yaml", overrides=["train.batch_size=abc"])
+    message = str(caught.value)
+    assert message.startswith("invalid override on the command line (recipe recipe.yaml)")
+    assert "train.batch_size: Input should be a valid integer" in message
+    assert "(given by the override 'train.batch_size=abc')" in message
+
+
+def test_a_bad_value_in_the_recipe_itself_still_names_the_recipe_file():
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"train": {"batch_size": "abc"}}, source="recipe.yaml", overrides=["optim.lr=0.1"])
+    message = str(caught.value)
+    assert message.startswith("recipe.yaml: invalid configuration")
+    assert "given by the override" not in message

@@ -315,7 +315,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config",
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, overrides or [])) from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -324,7 +324,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         raise ConfigError(f"override {item!r}: write it as key=value, for example optim.lr=3e-4.")
     key, _, text = item.partition("=")
     parts = key.strip().split(".")
-    _check_key_path(parts, item)
+    check_key_path(parts, item)
     node = raw
     for part in parts[:-1]:
         child = node.get(part)
@@ -353,18 +353,6 @@ def dump_yaml(config: RunConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def field_description(dotted: str) -> str | None:
-    """The description of a field such as `optim.lr`, for help and error messages."""
-    model: type[BaseModel] = RunConfig
-    info = None
-    for part in dotted.split("."):
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
-            return None
-        info = model.model_fields[part]
-        model = info.annotation  # type: ignore[assignment]
-    return info.description if info else None
-
-
 def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
     """Every overridable field as (dotted key, default, description), for `trainwise train --help`."""
     rows: list[tuple[str, Any, str]] = []
@@ -378,55 +366,6 @@ def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> lis
     return rows
 
 
-# ---- messages -----------------------------------------------------------------------------------------
-
-def format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
-    for item in error.errors():
-        loc = [str(p) for p in item["loc"]]
-        where = ".".join(loc) or "(top level)"
-        if item["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key.{_suggestion(loc)}")
-            continue
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "literal_error":
-            message = f"{message} (got {item.get('input')!r})"
-        description = field_description(".".join(p for p in loc if not p.isdigit()))
-        hint = f"\n    ({description})" if description else ""
-        lines.append(f"  {where}: {message}{hint}")
-    return "\n".join(lines)
-
-
-def _check_key_path(parts: list[str], item: str) -> None:
-    model: Any = RunConfig
-    for depth, part in enumerate(parts):
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return  # inside a free mapping such as model.args
-        if part not in model.model_fields:
-            raise ConfigError(f"override {item!r}: unknown key {'.'.join(parts[:depth + 1])!r}."
-                              f"{_suggestion(parts[:depth + 1])}")
-        annotation = model.model_fields[part].annotation
-        model = annotation
-
-
-def _suggestion(loc: list[str]) -> str:
-    model: Any = RunConfig
-    for part in loc[:-1]:
-        if isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
-            model = model.model_fields[part].annotation
-        else:
-            return ""
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return ""
-    names = list(model.model_fields)
-    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.5)
-    prefix = ".".join(loc[:-1])
-    where = f" in {prefix}" if prefix else ""
-    if close:
-        return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
-    return f" Allowed{where}: {', '.join(names)}."
-
-
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, limit + 1) if n % d == 0)
 
@@ -437,3 +376,6 @@ def _deep_copy(raw: Any) -> Any:
     if isinstance(raw, list):
         return [_deep_copy(v) for v in raw]
     return raw
+
+
+from trainwise.config_messages import check_key_path, field_description, format_validation_error  # noqa: E402

@@ -291,7 +291,8 @@ def run_train(recipe: str, overrides: list[str], out: str) -> tuple[int, str]:
 def _first_field(stderr: str) -> str:
     """The key an error message starts with (`optim.lr`, `--out ...`), to tally what the examples hit."""
     lines = [line.strip() for line in stderr.removeprefix("error: ").splitlines() if line.strip()]
-    line = lines[1] if len(lines) > 1 and lines[0].endswith("invalid configuration") else (lines or ["?"])[0]
+    header = len(lines) > 1 and (lines[0].endswith("invalid configuration") or lines[0].startswith("invalid override"))
+    line = lines[1] if header else (lines or ["?"])[0]
     return line.split(":")[0].split(" ")[0][:30]
 
 

@@ -1,0 +1,94 @@
+"""What a config error says: the key, the value, where it came from (the recipe file or an override on the
+command line), the field's own description, and the keys that were meant."""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from trainwise.errors import ConfigError
+
+
+def _root() -> type[BaseModel]:
+    from trainwise.config import RunConfig  # config.py imports this module: resolve at call time
+
+    return RunConfig
+
+
+def field_description(dotted: str) -> str | None:
+    """The description of a field such as `optim.lr`, for help and error messages."""
+    model: type[BaseModel] = _root()
+    info = None
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = info.annotation  # type: ignore[assignment]
+    return info.description if info else None
+
+
+def format_validation_error(error: ValidationError, source: str, overrides: list[str] = ()) -> str:
+    """One line per problem. A problem in a key set on the command line names that override and its value,
+    not the recipe file, which the user may never have opened."""
+    given = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+    lines, from_recipe = [], False
+    for item in error.errors():
+        loc = [str(p) for p in item["loc"]]
+        where = ".".join(loc) or "(top level)"
+        override = _override_of(loc, given)
+        from_recipe |= override is None
+        origin = f" (given by the override {override!r})" if override else ""
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key{origin}.{_suggestion(loc)}")
+            continue
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "literal_error":
+            message = f"{message} (got {item.get('input')!r})"
+        description = field_description(".".join(p for p in loc if not p.isdigit()))
+        hint = f"\n    ({description})" if description else ""
+        lines.append(f"  {where}: {message}{origin}{hint}")
+    header = f"{source}: invalid configuration" if from_recipe else f"invalid override on the command line " \
+             f"(recipe {source})"
+    return "\n".join([header, *lines])
+
+
+def _override_of(loc: list[str], given: dict[str, str]) -> str | None:
+    """The command-line override that set this location (or a section above it), if one did."""
+    for depth in range(len(loc), 0, -1):
+        override = given.get(".".join(loc[:depth]))
+        if override is not None:
+            return override
+    return None
+
+
+def check_key_path(parts: list[str], item: str) -> None:
+    model: Any = _root()
+    for depth, part in enumerate(parts):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return  # inside a free mapping such as model.args
+        if part not in model.model_fields:
+            raise ConfigError(f"override {item!r}: unknown key {'.'.join(parts[:depth + 1])!r}."
+                              f"{_suggestion(parts[:depth + 1])}")
+        annotation = model.model_fields[part].annotation
+        model = annotation
+
+
+def _suggestion(loc: list[str]) -> str:
+    model: Any = _root()
+    for part in loc[:-1]:
+        if isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
+            model = model.model_fields[part].annotation
+        else:
+            return ""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.5)
+    prefix = ".".join(loc[:-1])
+    where = f" in {prefix}" if prefix else ""
+    if close:
+        return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
+    return f" Allowed{where}: {', '.join(names)}."
+
+
