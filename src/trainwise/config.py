@@ -5,7 +5,6 @@ this shape; the command line overrides any field with a dotted key: `optim.lr=3e
 """
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainwise.config_messages import check_key_path, format_validation_error
 from trainwise.errors import ConfigError, DataError
 
 
@@ -377,5 +377,3 @@ def _deep_copy(raw: Any) -> Any:
         return [_deep_copy(v) for v in raw]
     return raw
 
-
-from trainwise.config_messages import check_key_path, field_description, format_validation_error  # noqa: E402
