@@ -78,9 +78,19 @@ class ModelCallError(TrainwiseError):
     batch and the step, then shows the traceback from the model's code: the person needs to see where."""
 
     @classmethod
-    def during(cls, what: str, model: str, step: int, inputs, error: BaseException) -> "ModelCallError":
+    def during(cls, what: str, model: str, step: int, inputs, error: BaseException,
+               outputs=None) -> "ModelCallError":
+        import re
         import traceback
 
+        label = re.search(r"Target (-?\d+) is out of bounds", str(error))
+        if label and outputs is not None and getattr(outputs, "ndim", 0) >= 2:
+            # the data's fault, not the model's code: no traceback, the two numbers and the fix
+            classes = outputs.shape[-1]
+            return cls(f"label {label.group(1)} is out of range for {model}, which has {classes} outputs "
+                       f"(classes 0 to {classes - 1}), at step {step}. Give the model one output per class "
+                       "(set the recipe's number of classes, e.g. model.args.num_classes, to the largest label "
+                       "+ 1), or fix the labels (they must be 0 to classes - 1).")
         shape = tuple(getattr(inputs, "shape", ()))
         dtype = str(getattr(inputs, "dtype", "?")).removeprefix("torch.")
         first = next(iter(str(error).splitlines()), "")

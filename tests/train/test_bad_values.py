@@ -138,3 +138,15 @@ def test_every_run_warns_of_a_nan_validation_set(tmp_path):
     _, run = _fit(tmp_path, ArrayDataset(x, y), ArrayDataset(torch.full((64, 4), math.nan), y[:64]),
                   eval={"every_steps": 5})
     assert any(e["kind"] == "nonfinite_validation" for e in run.read_events())
+
+
+def test_a_label_beyond_the_models_outputs_is_named_with_both_numbers_and_no_traceback(tmp_path):
+    from trainwise.errors import ModelCallError
+
+    x, _ = _points()
+    labels = torch.arange(len(x)) % 5  # five classes, a model with two outputs
+    with pytest.raises(ModelCallError) as caught:
+        _fit(tmp_path, ArrayDataset(x, labels), None)
+    message = str(caught.value)
+    assert "out of range" in message and "which has 2 outputs" in message and "num_classes" in message
+    assert "Traceback" not in message

@@ -133,7 +133,8 @@ class TrainStep:
             raise
         except Exception as error:  # a Python try costs nothing until something is raised
             raise ModelCallError.during(what, self.model_name, self.steps_done + 1,
-                                        args[0] if inputs is None else inputs, error) from error
+                                        args[0] if inputs is None else inputs, error,
+                                        outputs=args[0] if inputs is not None else None) from error
 
     def update(self, loss: torch.Tensor) -> StepOutcome:
         """Clip, step (or skip on the device when gradients are not finite), advance the learning-rate
