@@ -15,11 +15,14 @@ not the targets' and `meets_targets` says so.
 
     .venv/bin/python benchmarks/recsys.py --quick
     .venv/bin/python benchmarks/recsys.py [--ml100k path/to/ml-100k.inter]    # hours on a 2-core CPU
+    .venv/bin/python benchmarks/recsys.py --only movielens [--ml100k FILE]   # minutes: the MovieLens part,
+                                                      # merged into the existing results file
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -91,8 +94,11 @@ def movielens(work: Path, inter: Path | None, steps: list[str]) -> dict:
         source = str(inter)
     prepared = work / "ml-prepared"
     prepare(inter, prepared, PrepareOptions(kind="interactions", split="last-k"))
+    load_before = os.getloadavg()[0]
     result = trained_ndcg("shop-sasrec", [f"data.path={prepared}", *steps], work / "ml-sasrec")
-    return {"source": source, **result}
+    # other work on the machine slows training down: the 1-minute load average says how busy it was
+    return {"source": source, **result, "recipe_overrides": steps,
+            "load_average_1min": {"before": load_before, "after": os.getloadavg()[0], "cores": os.cpu_count()}}
 
 
 def throughput(size: list[str], steps: int) -> dict:
@@ -126,7 +132,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and few steps: checks the script only")
     parser.add_argument("--ml100k", type=Path, default=None, help="the real ml-100k.inter (RecBole atomic format)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--only", choices=("all", "movielens"), default="all",
+                        help="movielens: only the MovieLens part, merged into benchmarks/results/recsys.json")
     args = parser.parse_args()
+    if args.only == "movielens":
+        return movielens_only(args)
     size = QUICK_SIZE if args.quick else []
     steps = ["train.max_steps=400", "eval.every_steps=200"] if args.quick else []
     seeds = min(args.seeds, 2) if args.quick else args.seeds
@@ -153,6 +163,27 @@ def main() -> None:
     write_result("recsys", {"quick": args.quick, "shop_log": comparison, "movielens": ml, "throughput": speed,
                             "meets_targets": meets if not args.quick else {k: None for k in meets},
                             "measured_would_meet": meets, "notes": notes})
+
+
+def movielens_only(args) -> None:
+    """Re-measure the MovieLens part with the recipe's defaults; the shop-log figures stay as they were."""
+    from common import RESULTS
+
+    previous = json.loads((RESULTS / "recsys.json").read_text()) if (RESULTS / "recsys.json").exists() else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ml = movielens(Path(tmp), args.ml100k, [])
+    meets = previous.get("meets_targets") or {}
+    meets["ml100k_ndcg@10_ge_0.065_in_120s"] = (args.ml100k is not None and ml["ndcg@10"] >= 0.065
+                                                and ml["train_wall_s"] <= 120)
+    would = previous.get("measured_would_meet") or {}
+    would["ml100k_ndcg@10_ge_0.065_in_120s"] = ml["ndcg@10"] >= 0.065 and ml["train_wall_s"] <= 120
+    notes = [n for n in previous.get("notes", []) if not n.startswith("movielens:")]
+    notes.append(f"movielens: re-measured {time.strftime('%Y-%m-%d %H:%M')} with the recipe's defaults (no "
+                 "overrides)" + ("" if args.ml100k else "; SYNTHETIC log of ML-100k's shape, the real file is not "
+                                 "on this machine, so the target is not checked (reported false)"))
+    payload = {k: v for k, v in previous.items() if k not in ("benchmark", "date", "machine")}
+    write_result("recsys", {**payload, "movielens": ml, "meets_targets": meets, "measured_would_meet": would,
+                            "notes": notes})
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def test_a_second_resume_of_a_run_being_resumed_is_refused(trained, tmp_path):
     summary = run.read_summary()
     run.summary_path.write_text(json.dumps({**summary, "status": "stopped"}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    first = subprocess.Popen([sys.executable, "-m", "trainwise", "resume", str(copy)], env=env,
+    first = subprocess.Popen([sys.executable, "-m", "trainwise", "resume", str(copy),
+                              "--allow-config-change"], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240

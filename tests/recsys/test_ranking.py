@@ -80,3 +80,24 @@ def test_one_users_seen_items_do_not_mask_anothers_when_scores_are_shared():
         fetch=lambda index: (index[:, None], targets[index]), seen=lambda i: seen[i], num_queries=2,
         num_items=ITEMS, item_counts=np.arange(ITEMS), device=torch.device("cpu"), cutoffs=(5,))
     assert rows[0][3].split()[:4] == ["0", "4", "5", "6"] and rows[1][3].split()[:4] == ["0", "1", "2", "3"]
+
+
+def test_gauc_matches_a_per_user_sklearn_reference():
+    from sklearn.metrics import roc_auc_score
+
+    from trainwise.evaluate.ranking import group_auc
+
+    rng = np.random.default_rng(3)
+    users = rng.integers(0, 40, 600)
+    labels = (rng.random(600) < 0.3).astype(int)
+    scores = np.round(rng.normal(size=600) + labels * 0.8, 1)  # rounded: ties happen
+    expected, weights = [], []
+    for user in np.unique(users):
+        mine = users == user
+        if len(set(labels[mine])) == 2:  # a user with only clicks or only non-clicks has no AUC
+            expected.append(roc_auc_score(labels[mine], scores[mine]))
+            weights.append(mine.sum())
+    result = group_auc(users, labels, scores)
+    assert result["gauc_users"] == len(expected)
+    assert result["gauc"] == pytest.approx(np.average(expected, weights=weights), abs=1e-12)
+    assert group_auc(np.zeros(3), np.ones(3), np.arange(3)) == {"gauc": None, "gauc_users": 0}

@@ -4,22 +4,12 @@ import json
 
 import pytest
 
-import torch
-
 from tests.conftest import invoke, run_cli
 
 TINY = ["data.args.users=150", "data.args.items=100", "data.args.events=5000", "data.args.categories=5",
         "train.max_steps=20", "train.batch_size=32", "eval.every_steps=10", "train.log_every=10",
         "telemetry.enabled=false"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models on a shared CPU: threads only fight over the cores
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _ok(result):
@@ -42,6 +32,8 @@ def test_recipe_trains_and_evaluates_with_full_ranking(tmp_path, capsys, one_thr
     assert result["items"] == 100 and result["samples"] == 150  # every user's last event, ranked against all items
     for key in ("ndcg@10", "hr@10", "mrr", "auc", "coverage@10", "popularity_bias@10"):
         assert 0 <= result[key] <= 1, key
+    if recipe == "shop-din":  # a click model also gets click AUC and GAUC (per-user AUC) on its impressions
+        assert 0 <= result["click_auc"] <= 1 and 0 <= result["gauc"] <= 1 and result["gauc_users"] > 0
     assert (run / "eval" / "predictions.csv").read_text().startswith("query,user,target_item,target_rank,top10")
 
     if recipe == "shop-sasrec":  # training windows are not queries: said so, exit 2
@@ -59,6 +51,21 @@ def test_recipe_trains_and_evaluates_with_full_ranking(tmp_path, capsys, one_thr
         assert 0 <= clicks["roc_auc"] <= 1
     unknown = json.loads(_ok(invoke(capsys, "recommend", str(run), "--user", "no-such-user", "--json")).stdout)
     assert not unknown["known"] and "popular" in unknown["note"] and len(unknown["recommendations"]) == 10
+
+    if recipe == "shop-sasrec" and extra == []:  # batch mode: a file of user ids, JSON lines or a table out
+        users = tmp_path / "users.txt"
+        users.write_text("7\n\nno-such-user\n# a comment\n3\n")
+        lines = _ok(invoke(capsys, "recommend", str(run), "--users", str(users), "--k", "5", "--json")).stdout
+        answers = [json.loads(line) for line in lines.splitlines()]
+        assert [a["user"] for a in answers] == ["7", "no-such-user", "3"]
+        assert [a["known"] for a in answers] == [True, False, True]
+        assert answers[0]["recommendations"] == answer["recommendations"]  # the same as one at a time
+        table = _ok(invoke(capsys, "recommend", str(run), "--users", str(users), "--k", "3")).stdout
+        assert "no-such-user" in table and "popular" in table
+        (tmp_path / "empty.txt").write_text("\n")
+        for bad in (["--users", str(tmp_path / "empty.txt")], ["--users", str(tmp_path / "missing.txt")], []):
+            refused = invoke(capsys, "recommend", str(run), *bad)
+            assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad
 
 
 def test_a_prepared_shop_export_trains_through_data_path(tmp_path):

@@ -17,7 +17,8 @@ data_app = typer.Typer(name="data", help="Check and measure prepared datasets.",
 
 def prepare(
     source: Path = typer.Argument(..., help="A folder of class sub-folders of images, a CSV/Parquet table, or an "
-                                  "interaction log (CSV/Parquet with user, item, timestamp; MovieLens ratings.dat)."),
+                                  "interaction log (CSV/Parquet with user, item, timestamp; MovieLens "
+                                  "ratings.dat or u.data; RecBole .inter)."),
     to: Path = typer.Option(..., "--to", help="Directory to write the prepared dataset to (keep it off the "
                             "system disk)."),
     kind: str = typer.Option("auto", help="auto | images | table | interactions."),
@@ -38,6 +39,10 @@ def prepare(
     item_col: Optional[str] = typer.Option(None, help="Interactions: item column."),
     time_col: Optional[str] = typer.Option(None, help="Interactions: timestamp column."),
     target_col: Optional[str] = typer.Option(None, help="Interactions: rating/target column (default: rating)."),
+    event_col: Optional[str] = typer.Option(None, help="Interactions: behaviour type column (view/cart/buy; "
+                                            "default: one named event), kept as a feature recommenders read."),
+    session_gap: Optional[str] = typer.Option(None, help="Interactions: a pause longer than this (e.g. 30m, "
+                                              "2h) starts a new session; each event keeps its session id."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -48,7 +53,7 @@ def prepare(
     options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              shard_size=shard_size, size=size, channels=channels, label=label, task=task,
                              user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
-                             split=split, last_k=last_k)
+                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap)
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)

@@ -22,15 +22,40 @@ ITEM_NAMES = ("item", "item_id", "itemid", "movieid", "product_id", "movie_id")
 TIME_NAMES = ("timestamp", "time", "ts", "event_time", "datetime", "date")
 TARGET_NAMES = ("rating", "label", "target", "score")
 MOVIELENS_COLUMNS = ("user", "item", "rating", "timestamp")
+MOVIELENS_SUFFIXES = (".dat", ".data")  # ratings.dat (ML-1M, ML-10M), u.data (ML-100k)
+INTERACTION_SUFFIXES = (*MOVIELENS_SUFFIXES, ".inter")
 
 
-def read_movielens_dat(path: Path) -> dict[str, np.ndarray]:
-    """MovieLens `ratings.dat`: `UserID::MovieID::Rating::Timestamp`, no header."""
-    rows = [line.split("::") for line in path.read_text(encoding="latin-1").splitlines() if line.strip()]
-    if not rows or any(len(r) != 4 for r in rows):
-        raise DataError(f"{path}: expected MovieLens lines `user::item::rating::timestamp`.")
-    table = np.array(rows, dtype=object).T
-    return {name: table[i].astype(np.float64) for i, name in enumerate(MOVIELENS_COLUMNS)}
+def read_movielens(path: Path) -> dict[str, np.ndarray]:
+    """MovieLens without a header: `ratings.dat` (`UserID::MovieID::Rating::Timestamp`, ML-1M/10M) or
+    `u.data` (tab-separated user, item, rating, timestamp, ML-100k)."""
+    separator = "::" if path.suffix.lower() == ".dat" else "\t"
+    text = path.read_text(encoding="latin-1")
+    rows = [line.split(separator) for line in text.splitlines() if line.strip()]
+    shape = "user::item::rating::timestamp" if separator == "::" else "user<TAB>item<TAB>rating<TAB>timestamp"
+    if not rows:
+        raise DataError(f"{path}: empty file; expected MovieLens lines `{shape}`.")
+    bad = next((number for number, row in enumerate(rows, start=1) if len(row) != 4), None)
+    if bad is not None:
+        raise DataError(f"{path}: line {bad} does not have 4 fields; expected MovieLens lines `{shape}`.")
+    try:
+        table = np.array(rows, dtype=np.float64).T
+    except ValueError:
+        raise DataError(f"{path}: a field is not a number; MovieLens lines are `{shape}`, all numbers "
+                        "(a file with a header row is a table: give it a .csv/.tsv name).") from None
+    return {name: table[i] for i, name in enumerate(MOVIELENS_COLUMNS)}
+
+
+def read_interaction_log(path: Path) -> dict[str, np.ndarray]:
+    """The columns of an interaction log: MovieLens `ratings.dat` / `u.data`, RecBole `.inter`, or a table."""
+    suffix = path.suffix.lower()
+    if suffix in MOVIELENS_SUFFIXES:
+        return read_movielens(path)
+    if suffix == ".inter":
+        return read_recbole_inter(path)
+    from trainwise.data.tables import read_columns
+
+    return read_columns(path)
 
 
 def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
@@ -129,3 +154,64 @@ def split_by_time(users: np.ndarray, times: np.ndarray, *, how: str, val_fractio
     else:
         raise DataError(f"--split {how!r}: use `time` (global cut-off) or `last-k` (each user's last k events).")
     return TimeSplit(order, split)
+
+
+# ---- the finer partition: sessions and behaviour types ------------------------------------------------------
+
+EVENT_NAMES = ("event", "event_type", "behaviour", "behavior", "behavior_type", "action")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_duration(text: str) -> int:
+    """`30m`, `2h`, `1d`, `90s` or plain seconds → seconds."""
+    value = str(text).strip().lower()
+    unit = DURATION_UNITS.get(value[-1:], None)
+    number = value[:-1] if unit else value
+    try:
+        seconds = float(number) * (unit or 1)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise DataError(f"--session-gap {text!r}: give a positive duration such as 30m, 2h, 1d or 90s.")
+    return int(round(seconds))
+
+
+def session_ids(users: np.ndarray, times: np.ndarray, gap_s: int) -> np.ndarray:
+    """Per event (sorted by user, then time), a session number: a new session starts at each user's first
+    event and after every pause of more than `gap_s` seconds. Numbers are global and dense, in that order."""
+    new = np.ones(len(users), dtype=bool)
+    new[1:] = (users[1:] != users[:-1]) | (np.diff(times) > gap_s)
+    return np.cumsum(new) - 1
+
+
+def behaviour_codes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Behaviour types (view, cart, buy, ...) → codes 0..k-1 and the names by code (sorted)."""
+    names, codes = np.unique(np.asarray(values).astype(str), return_inverse=True)
+    if len(names) > 127:
+        raise DataError(f"the event column has {len(names)} distinct values; a behaviour type is one of a few "
+                        "(view, cart, buy). Name the right column with --event-col.")
+    return codes.astype(np.int8), names.tolist()
+
+
+def partition_features(columns: dict[str, np.ndarray], event: str | None, users: np.ndarray, times: np.ndarray,
+                       order: np.ndarray, session_gap: str | None) -> tuple[dict[str, np.ndarray], dict]:
+    """The per-event arrays of the finer partition, in `order` (by user, then time), and what the manifest
+    records about them: `session` (with --session-gap) and `behaviour` (when the log has an event column)."""
+    arrays, recorded = {}, {}
+    if session_gap:
+        gap = parse_duration(session_gap)
+        arrays["session"] = session_ids(users[order], times[order], gap)
+        recorded["session_gap_s"] = gap
+        recorded["sessions"] = int(arrays["session"][-1]) + 1 if len(order) else 0
+    if event is not None:
+        codes, names = behaviour_codes(columns[event])
+        arrays["behaviour"] = codes[order]
+        recorded["behaviours"] = names
+    return arrays, recorded
+
+
+def find_event_column(columns: dict[str, np.ndarray], given: str | None, path: Path) -> str | None:
+    """The behaviour-type column: `given`, else one named like EVENT_NAMES, else none."""
+    if given is not None:
+        return find_column(columns, given, EVENT_NAMES, "event", path)
+    return next((c for c in columns if c.lower() in EVENT_NAMES), None)

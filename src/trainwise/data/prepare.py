@@ -53,6 +53,8 @@ class PrepareOptions:
     target_col: str | None = None
     split: str = "time"                  # interactions: time | last-k
     last_k: int = 1
+    event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
+    session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -65,6 +67,8 @@ class PrepareOptions:
             raise DataError(f"--shard-size {self.shard_size}: a shard holds at least one sample.")
         if self.task not in ("auto", "classification", "regression"):
             raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
+        if self.session_gap is not None:
+            interaction_kind.parse_duration(self.session_gap)
 
 
 @dataclass
@@ -138,13 +142,14 @@ def detect_kind(source: Path, kind: str) -> str:
     if source.is_dir():
         return "images"
     suffix = source.suffix.lower()
-    if suffix in (".dat", ".inter"):  # MovieLens ratings.dat, RecBole atomic files
+    if suffix in interaction_kind.INTERACTION_SUFFIXES:  # MovieLens ratings.dat / u.data, RecBole atomic files
         return "interactions"
     if suffix in table_kind.TABLE_SUFFIXES:
         columns = table_kind.read_columns(source)
         return "interactions" if interaction_kind.looks_like_interactions(columns) else "table"
     raise DataError(f"{source}: cannot tell what this is. Give a folder of class sub-folders of images, a "
-                    f"table ({', '.join(table_kind.TABLE_SUFFIXES)}), or MovieLens ratings.dat; or pass --kind.")
+                    f"table ({', '.join(table_kind.TABLE_SUFFIXES)}), MovieLens ratings.dat or u.data, or a RecBole "
+                    ".inter file; or pass --kind.")
 
 
 def source_fingerprint(source: Path) -> str:
@@ -167,8 +172,8 @@ def disk_warnings(to: Path) -> list[str]:
 
     lines = []
     for finding in check_data_dir(to):
-        if finding.status != "ok" and finding.title != "Free space":  # free space: check_free_space refuses
-            lines.append(f"{finding.finding}." + (f" {finding.fix}" if finding.fix else ""))
+        if finding.severity != "info" and finding.code != "free_space":  # free space: check_free_space refuses
+            lines.append(f"{finding.detail}." + "".join(f" {fix}" for fix in finding.fixes))
     return lines
 
 
@@ -337,28 +342,25 @@ def _prepare_table(job: _Job) -> dict[str, Any]:
 
 def _prepare_interactions(job: _Job) -> dict[str, Any]:
     o = job.options
-    if job.source.suffix.lower() == ".dat":
-        columns = interaction_kind.read_movielens_dat(job.source)
-    elif job.source.suffix.lower() == ".inter":
-        columns = interaction_kind.read_recbole_inter(job.source)
-    else:
-        columns = table_kind.read_columns(job.source)
+    columns = interaction_kind.read_interaction_log(job.source)
     find = interaction_kind.find_column
     user = find(columns, o.user_col, interaction_kind.USER_NAMES, "user", job.source)
     item = find(columns, o.item_col, interaction_kind.ITEM_NAMES, "item", job.source)
     time = find(columns, o.time_col, interaction_kind.TIME_NAMES, "time", job.source)
+    event = interaction_kind.find_event_column(columns, o.event_col, job.source)
     target = o.target_col or next((c for c in columns if c.lower() in interaction_kind.TARGET_NAMES
-                                   and c not in (user, item, time)), None)
+                                   and c not in (user, item, time, event)), None)
     users, user_ids = interaction_kind.dense_ids(columns[user])
     items, item_ids = interaction_kind.dense_ids(columns[item])
     times = interaction_kind.to_timestamps(columns[time], job.source)
     split = interaction_kind.split_by_time(users, times, how=o.split, val_fraction=o.val_fraction,
                                            test_fraction=o.test_fraction, last_k=o.last_k)
-    extras = [c for c, v in columns.items() if c not in (user, item, time, target) and v.dtype != object]
+    extras = [c for c, v in columns.items() if c not in (user, item, time, target, event) and v.dtype != object]
     order = split.order
+    features, partition = interaction_kind.partition_features(columns, event, users, times, order, o.session_gap)
     arrays = {"inputs": np.stack([users[order], items[order]], axis=1),
               "targets": (columns[target][order] if target else np.ones(len(order))).astype(np.float32),
-              "timestamp": times[order]}
+              "timestamp": times[order], **features}
     if extras:
         arrays["extras"] = np.stack([columns[c][order] for c in extras], axis=1).astype(np.float32)
     check_free_space(job.to, sum(a.nbytes for a in arrays.values()) + user_ids.nbytes + item_ids.nbytes)
@@ -368,7 +370,8 @@ def _prepare_interactions(job: _Job) -> dict[str, Any]:
     return {
         **manifest,
         "task": "regression" if target else "implicit",
-        "columns": {"user": user, "item": item, "time": time, "target": target, "extras": extras},
+        "columns": {"user": user, "item": item, "time": time, "target": target, "event": event, "extras": extras},
+        **partition,
         "num_users": len(user_ids), "num_items": len(item_ids),
         "split_method": {"how": o.split, "last_k": o.last_k if o.split == "last-k" else None,
                          "note": "each split's events sorted by user, then time"},

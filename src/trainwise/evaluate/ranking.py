@@ -39,3 +39,28 @@ def ranking_metrics(targets: Any, scores: Any, *, cutoffs: Sequence[int] = DEFAU
     # a model that ranks at random puts the item in the top K with probability K / items
     metrics["random_baseline"] = {f"hr@{k}": k / items for k in cutoffs if k <= items}
     return metrics
+
+
+def group_auc(groups: Any, labels: Any, scores: Any) -> dict[str, Any]:
+    """GAUC, the click-model metric: each user's (group's) ROC AUC over their own impressions, averaged with
+    the user's impression count as weight. Users whose impressions are all clicks or all non-clicks have
+    no AUC and are left out (`gauc_users` counts the users that count). Ties score half (as roc_auc_score)."""
+    from scipy.stats import rankdata
+
+    groups, labels, scores = (as_numpy(a).reshape(-1) for a in (groups, labels, scores))
+    labels = labels.astype(bool)
+    order = np.argsort(groups, kind="stable")
+    groups, labels, scores = groups[order], labels[order], scores[order].astype(np.float64)
+    bounds = np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1, len(groups)]
+    total, weight, counted = 0.0, 0, 0
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        positive = labels[start:end]
+        clicks = int(positive.sum())
+        if clicks == 0 or clicks == end - start:
+            continue
+        ranks = rankdata(scores[start:end])  # average ranks: ties count half
+        auc = (ranks[positive].sum() - clicks * (clicks + 1) / 2) / (clicks * (end - start - clicks))
+        total += auc * (end - start)
+        weight += end - start
+        counted += 1
+    return {"gauc": total / weight if weight else None, "gauc_users": counted}

@@ -76,7 +76,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     bundle = build_data(config)
     spec = bundle.spec
     train = config.train
-    micro = train.micro_batch_size or train.batch_size
+    micro = train.micro_batch
     notes = []
     # the trainer's rule, for the card planned for: a bf16 one (Ampere and newer)
     precision = choose_precision(train.precision, "cuda", bf16_native=True)
@@ -93,13 +93,16 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     def build():
         return build_model(config, spec)
 
+    target_shape, vocabulary = sample_shapes(bundle.train, spec)
+
     step = TrainingStep(
         build_model=build, input_shape=tuple(spec.input_shape), input_dtype=spec.input_dtype,
         task=spec.task, num_classes=spec.num_classes, micro_batch_size=micro,
         accumulation_steps=train.batch_size // micro, precision=precision, optimizer=config.optim.name,
         optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
-        grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind)
+        grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,
+        target_shape=target_shape, vocabulary_size=vocabulary)
     num_train = spec.num_train or len(bundle.train)
     steps_per_epoch = train.steps_per_epoch(num_train)  # the trainer's count: a partial last batch never runs
     total = train.total_steps(num_train)
@@ -110,6 +113,18 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
                precision_requested=train.precision,
                cpu_precision=cpu_precision, checkpoints_kept=config.checkpoint.keep_last + 2,
                notes=tuple(notes))
+
+
+def sample_shapes(train, spec) -> tuple[tuple[int, ...], int | None]:
+    """What one real training sample says that the spec does not: the shape of its target (a label per
+    position for next-item recommenders and token models, one label otherwise), and for integer inputs
+    the index range the step's fake batches may use (at least the sample's own ids)."""
+    inputs, target = train[0]
+    target_shape = tuple(torch.as_tensor(target).shape)
+    vocabulary = None
+    if not spec.input_dtype.is_floating_point:
+        vocabulary = max(int(torch.as_tensor(inputs).max()) + 1, 2)
+    return target_shape, vocabulary
 
 
 # ---- estimating -------------------------------------------------------------------------------------------

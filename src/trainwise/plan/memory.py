@@ -66,6 +66,9 @@ class TrainingStep:
     device_kind: DeviceKind = "cpu"
     # Token models read integer inputs; their embeddings need the index range.
     vocabulary_size: int | None = None
+    # Per-sample target shape: () for one label per sample, (positions,) for a label per position
+    # (next-item recommenders, token models)
+    target_shape: tuple[int, ...] = ()
 
     def at_micro_batch(self, micro_batch_size: int) -> "TrainingStep":
         return replace(self, micro_batch_size=micro_batch_size)
@@ -116,10 +119,11 @@ def make_batch(step: TrainingStep, device: torch.device | str = "cpu") -> tuple[
         inputs = torch.randn(shape, dtype=step.input_dtype, device=device)
     else:
         inputs = torch.randint(0, step.vocabulary_size or 2, shape, dtype=step.input_dtype, device=device)
+    target_shape = (step.micro_batch_size, *step.target_shape)
     if step.task == "classification":
-        targets = torch.randint(0, step.num_classes or 2, (step.micro_batch_size,), device=device)
+        targets = torch.randint(0, step.num_classes or 2, target_shape, device=device)
     else:
-        targets = torch.randn(step.micro_batch_size, device=device)
+        targets = torch.randn(target_shape, device=device)
     return inputs, targets
 
 

@@ -154,6 +154,8 @@ class ShopArgs(BuilderArgs):
     items: Count = 5_000
     events: Count = 1_000_000
     categories: Count = 50
+    behaviours: Annotated[bool | None, Field(strict=True), _explained(
+        "true, false or null (null: when a prepared log has an event column)")] = None
 
 
 MODEL_ARGS: dict[str, type[BuilderArgs]] = {"cnn": CnnArgs, "mlp": MlpArgs, "sasrec": SasrecArgs,

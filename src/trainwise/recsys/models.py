@@ -20,6 +20,29 @@ from torch.nn import functional as F
 
 from trainwise.data.bundle import DataSpec
 
+def split_behaviour(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(item ids + 1, behaviour codes + 1 or None): inputs are [batch, L], or [batch, 2, L] when the log's
+    behaviour types (view, cart, buy) come along (recsys/sequences.py)."""
+    if inputs.dim() == 3:
+        return inputs[:, 0], inputs[:, 1]
+    return inputs, None
+
+
+class BehaviourEmbedding(nn.Module):
+    """One learned vector per behaviour type, added to the item embedding of each history event (0 is
+    padding and the unknown behaviour of a candidate)."""
+
+    def __init__(self, behaviours: int, hidden: int):
+        super().__init__()
+        self.table = nn.Embedding(behaviours + 1, hidden, padding_idx=0)
+        nn.init.normal_(self.table.weight, std=hidden ** -0.5)
+        with torch.no_grad():
+            self.table.weight[0].zero_()
+
+    def forward(self, behaviour: torch.Tensor | None) -> torch.Tensor | float:
+        return 0.0 if behaviour is None else self.table(behaviour)
+
+
 PAIR_BUDGET = 2**25  # DIN scoring: (users x history x hidden x items) activations per block, 128 MB
 DIN_USERS_PER_BLOCK = 64
 
@@ -48,11 +71,20 @@ class CausalSelfAttentionBlock(nn.Module):
 class NextItemModel(nn.Module):
     """Shared by the next-item models: item embeddings (tied with the output layer) and the output shape."""
 
-    def __init__(self, num_items: int, hidden: int):
+    def __init__(self, num_items: int, hidden: int, behaviours: int = 0):
         super().__init__()
         self.num_items = num_items
         self.item_embedding = nn.Embedding(num_items + 1, hidden, padding_idx=0)
         nn.init.normal_(self.item_embedding.weight, std=hidden ** -0.5)
+        self.behaviour_embedding = BehaviourEmbedding(behaviours, hidden) if behaviours else None
+
+    def embed(self, history: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(event embeddings [batch, L, hidden]: item (times `scale`) + behaviour type, the item ids + 1)."""
+        items, behaviour = split_behaviour(history)
+        x = self.item_embedding(items) * scale
+        if self.behaviour_embedding is not None:
+            x = x + self.behaviour_embedding(behaviour)
+        return x, items
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
         """[batch, positions, hidden]: the state after each position, seeing that position and earlier ones."""
@@ -75,8 +107,8 @@ class SASRec(NextItemModel):
     history with learned positions; the state at each position scores the next item against every item."""
 
     def __init__(self, num_items: int, max_len: int, hidden: int = 64, layers: int = 2, heads: int = 1,
-                 dropout: float = 0.2):
-        super().__init__(num_items, hidden)
+                 dropout: float = 0.2, behaviours: int = 0):
+        super().__init__(num_items, hidden, behaviours)
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
         self.position_embedding = nn.Embedding(max_len, hidden)
@@ -85,9 +117,8 @@ class SASRec(NextItemModel):
         self.final_norm = nn.LayerNorm(hidden)
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
-        length = history.shape[1]
-        valid = history > 0
-        x = self.item_embedding(history) * math.sqrt(self.item_embedding.embedding_dim)
+        x, items = self.embed(history, math.sqrt(self.item_embedding.embedding_dim))
+        length, valid = items.shape[1], items > 0
         x = self.input_dropout(x + self.position_embedding.weight[-length:]) * valid.unsqueeze(-1)
         # causal, and padding is never a key; each position may see itself, so no row is all-masked (a
         # padded query would otherwise softmax over nothing and turn NaN, which backward spreads)
@@ -99,18 +130,38 @@ class SASRec(NextItemModel):
         return self.final_norm(x)
 
 
+    @torch.no_grad()
+    def attention_weights(self, history: torch.Tensor) -> torch.Tensor:
+        """[users, positions]: how much the last position (the one that scores the next item) attends to
+        each history event in the last block, averaged over heads (0 on padding)."""
+        x, items = self.embed(history, math.sqrt(self.item_embedding.embedding_dim))
+        length, valid = items.shape[1], items > 0
+        x = (x + self.position_embedding.weight[-length:]) * valid.unsqueeze(-1)
+        causal = torch.ones(length, length, dtype=torch.bool, device=history.device).tril()
+        allowed = ((causal & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=history.device))
+        for block in self.blocks[:-1]:
+            x = block(x, allowed.unsqueeze(1))
+        last = self.blocks[-1]
+        batch = x.shape[0]
+        q, k, _ = last.qkv(last.attention_norm(x)).view(batch, length, 3, last.heads, -1).permute(2, 0, 3, 1, 4)
+        logits = (q[:, :, -1:] @ k.transpose(-1, -2)).squeeze(2) / math.sqrt(q.shape[-1])  # [B, heads, L]
+        logits = logits.masked_fill(~allowed[:, -1][:, None, :], -torch.inf)
+        return logits.softmax(-1).mean(1) * valid
+
+
 class GRU4Rec(NextItemModel):
     """Session-based recommendation with a GRU (Hidasi et al., 2016): the recurrent state after each item
     scores the next one. Causal by construction."""
 
-    def __init__(self, num_items: int, hidden: int = 64, layers: int = 1, dropout: float = 0.2):
-        super().__init__(num_items, hidden)
+    def __init__(self, num_items: int, hidden: int = 64, layers: int = 1, dropout: float = 0.2,
+                 behaviours: int = 0):
+        super().__init__(num_items, hidden, behaviours)
         self.input_dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(hidden, hidden, num_layers=layers, batch_first=True,
                           dropout=dropout if layers > 1 else 0.0)
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
-        states, _ = self.gru(self.input_dropout(self.item_embedding(history)))
+        states, _ = self.gru(self.input_dropout(self.embed(history)[0]))
         return states
 
 
@@ -125,7 +176,7 @@ class Popularity(nn.Module):
 
     def forward(self, history: torch.Tensor) -> torch.Tensor:
         if self.training:
-            return self.item_bias.view(1, -1, 1).expand(len(history), -1, history.shape[1])
+            return self.item_bias.view(1, -1, 1).expand(len(history), -1, history.shape[-1])
         return self.item_bias.expand(len(history), -1)
 
     @torch.no_grad()
@@ -144,10 +195,12 @@ class DIN(nn.Module):
     """
 
     def __init__(self, num_items: int, hidden: int = 32, attention_hidden: int = 36,
-                 mlp: tuple[int, ...] = (80, 40), attention: bool = True, dropout: float = 0.0):
+                 mlp: tuple[int, ...] = (80, 40), attention: bool = True, dropout: float = 0.0,
+                 behaviours: int = 0):
         super().__init__()
         self.num_items, self.attention = num_items, attention
         self.item_embedding = nn.Embedding(num_items + 1, hidden, padding_idx=0)
+        self.behaviour_embedding = BehaviourEmbedding(behaviours, hidden) if behaviours else None
         self.item_bias = nn.Embedding(num_items + 1, 1, padding_idx=0)
         nn.init.normal_(self.item_embedding.weight, std=hidden ** -0.5)
         nn.init.zeros_(self.item_bias.weight)
@@ -161,9 +214,17 @@ class DIN(nn.Module):
             width = size
         self.head = nn.Sequential(*layers, nn.Linear(width, 1))
 
+    def embed_history(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(history event embeddings: item + behaviour type, the item ids + 1)."""
+        items, behaviour = split_behaviour(history)
+        h = self.item_embedding(items)
+        if self.behaviour_embedding is not None:
+            h = h + self.behaviour_embedding(behaviour)
+        return h, items
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        history, candidate = inputs[:, :-1], inputs[:, -1]
-        h, c = self.item_embedding(history), self.item_embedding(candidate)
+        history, candidate = inputs[..., :-1], split_behaviour(inputs)[0][:, -1]
+        (h, history), c = self.embed_history(history), self.item_embedding(candidate)
         if self.attention:
             pairs = torch.cat([h, c[:, None].expand_as(h), h - c[:, None], h * c[:, None]], dim=-1)
             weights = self.attention_out(self.attention_act(self.attention_in(pairs))).squeeze(-1)
@@ -175,7 +236,7 @@ class DIN(nn.Module):
 
     def attention_weights(self, history: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
         """[users, positions] weight of each history item for each user's candidate (0 on padding)."""
-        h, c = self.item_embedding(history), self.item_embedding(candidate)
+        (h, history), c = self.embed_history(history), self.item_embedding(candidate)
         pairs = torch.cat([h, c[:, None].expand_as(h), h - c[:, None], h * c[:, None]], dim=-1)
         return self.attention_out(self.attention_act(self.attention_in(pairs))).squeeze(-1) * (history > 0)
 
@@ -184,14 +245,14 @@ class DIN(nn.Module):
         # blocks of users x items whose (user, position, item, hidden) activations fit PAIR_BUDGET: big
         # enough for matrix multiplies to pay, small enough for any machine
         users = DIN_USERS_PER_BLOCK
-        per_item = users * history.shape[1] * self.attention_in.out_features
+        per_item = users * history.shape[-1] * self.attention_in.out_features
         chunk = max(1, PAIR_BUDGET // per_item)
         return torch.cat([torch.cat([self._score_chunk(history[u:u + users], items[i:i + chunk])
                                      for i in range(0, len(items), chunk)], 1)
                           for u in range(0, len(history), users)], 0)
 
     def _score_chunk(self, history: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        h, c = self.item_embedding(history), self.item_embedding(items + 1)  # [B, L, d], [C, d]
+        (h, history), c = self.embed_history(history), self.item_embedding(items + 1)  # [B, L, d], [C, d]
         if self.attention:
             # the first attention layer is linear in [h, c, h - c, h * c]: split its weight so that every
             # (user, position, item) triple costs one multiply-add per hidden unit instead of a concatenation
@@ -219,6 +280,10 @@ class DIN(nn.Module):
         return (h * valid).sum(1) / valid.sum(1).clamp_min(1.0)
 
 
+def _behaviours(data_spec: DataSpec) -> int:
+    return getattr(data_spec, "num_behaviours", 0)
+
+
 def _spec_items(data_spec: DataSpec, objective: str, model: str) -> tuple[int, int]:
     num_items = getattr(data_spec, "num_items", 0)
     if not num_items:
@@ -232,13 +297,14 @@ def _spec_items(data_spec: DataSpec, objective: str, model: str) -> tuple[int, i
 def sasrec(data_spec: DataSpec, hidden: int = 64, layers: int = 2, heads: int = 1, dropout: float = 0.2,
            gradient_checkpointing: bool = False) -> SASRec:
     num_items, max_len = _spec_items(data_spec, "next_item", "sasrec")
-    return SASRec(num_items, max_len, hidden=hidden, layers=layers, heads=heads, dropout=dropout)
+    return SASRec(num_items, max_len, hidden=hidden, layers=layers, heads=heads, dropout=dropout,
+                  behaviours=_behaviours(data_spec))
 
 
 def gru4rec(data_spec: DataSpec, hidden: int = 64, layers: int = 1, dropout: float = 0.2,
             gradient_checkpointing: bool = False) -> GRU4Rec:
     num_items, _ = _spec_items(data_spec, "next_item", "gru4rec")
-    return GRU4Rec(num_items, hidden=hidden, layers=layers, dropout=dropout)
+    return GRU4Rec(num_items, hidden=hidden, layers=layers, dropout=dropout, behaviours=_behaviours(data_spec))
 
 
 def popularity(data_spec: DataSpec, gradient_checkpointing: bool = False) -> Popularity:
@@ -250,4 +316,4 @@ def din(data_spec: DataSpec, hidden: int = 32, attention_hidden: int = 36, mlp: 
         attention: bool = True, dropout: float = 0.0, gradient_checkpointing: bool = False) -> DIN:
     num_items, _ = _spec_items(data_spec, "ctr", "din")
     return DIN(num_items, hidden=hidden, attention_hidden=attention_hidden, mlp=tuple(mlp), attention=attention,
-               dropout=dropout)
+               dropout=dropout, behaviours=_behaviours(data_spec))

@@ -32,28 +32,35 @@ from trainwise.errors import DataError
 
 PAD = 0
 IGNORE = -100  # torch's cross-entropy ignore_index: padded positions carry no loss
+CLICK_EVAL_SEED = 7_919  # test impressions' negatives: every evaluation of every run scores the same ones
 
 
 @dataclass(frozen=True)
 class Histories:
-    """Events sorted by (user, time) with their split code (0 train, 1 val, 2 test)."""
+    """Events sorted by (user, time) with their split code (0 train, 1 val, 2 test) and, when the log has
+    them, their behaviour types (codes 0..num_behaviours-1: view, cart, buy, ...)."""
 
     user: np.ndarray
     item: np.ndarray
     split: np.ndarray
     num_users: int
     num_items: int
+    behaviour: np.ndarray | None = None
+    num_behaviours: int = 0
 
     @classmethod
     def from_events(cls, user: np.ndarray, item: np.ndarray, time: np.ndarray, split: np.ndarray,
-                    num_users: int, num_items: int) -> "Histories":
+                    num_users: int, num_items: int, behaviour: np.ndarray | None = None,
+                    num_behaviours: int = 0) -> "Histories":
         if len(user) == 0:
             raise DataError("the interaction log has no events.")
         # a user's held-out events come after their training events by construction of the splits; the
         # split code breaks timestamp ties so that no held-out event precedes a training one
         order = np.lexsort((split, time, user))
+        sorted_behaviour = None if behaviour is None else np.ascontiguousarray(behaviour[order], dtype=np.int64)
         return cls(np.ascontiguousarray(user[order]), np.ascontiguousarray(item[order]),
-                   np.ascontiguousarray(split[order]), num_users, num_items)
+                   np.ascontiguousarray(split[order]), num_users, num_items, sorted_behaviour,
+                   num_behaviours if behaviour is not None else 0)
 
     @cached_property
     def user_start(self) -> np.ndarray:
@@ -65,11 +72,21 @@ class Histories:
     def train_item_counts(self) -> np.ndarray:
         return np.bincount(self.item[self.split == 0], minlength=self.num_items)
 
-    def window(self, end: np.ndarray, start: np.ndarray, max_len: int) -> np.ndarray:
-        """Item ids + 1 of rows [end - max_len, end), rows before `start` (another user) padded with 0."""
+    def window(self, end: np.ndarray, start: np.ndarray, max_len: int, values: np.ndarray | None = None
+               ) -> np.ndarray:
+        """Item ids + 1 (or `values` + 1) of rows [end - max_len, end), rows before `start` (another user)
+        padded with 0."""
         rows = end[:, None] - max_len + np.arange(max_len)
         valid = rows >= start[:, None]
-        return np.where(valid, self.item[np.maximum(rows, 0)] + 1, PAD)
+        return np.where(valid, (self.item if values is None else values)[np.maximum(rows, 0)] + 1, PAD)
+
+    def inputs(self, end: np.ndarray, start: np.ndarray, max_len: int) -> np.ndarray:
+        """A model's history input: the item window [batch, max_len]; with behaviour types, the item window
+        and the behaviour window (codes + 1, 0 = padding) stacked as [batch, 2, max_len]."""
+        items = self.window(end, start, max_len)
+        if self.behaviour is None:
+            return items
+        return np.stack([items, self.window(end, start, max_len, self.behaviour)], axis=1)
 
     def queries(self, code: int) -> np.ndarray:
         """Rows of the held-out events of one split whose user has at least one earlier event."""
@@ -132,9 +149,10 @@ class NextItemWindows(SequenceSamples):
 
     def fetch(self, index: np.ndarray, seed: int | None):
         end, start = self.end[index], self.start[index]
-        inputs = self.histories.window(end - 1, start, self.max_len)
+        inputs = self.histories.inputs(end - 1, start, self.max_len)
         following = self.histories.window(end, start + 1, self.max_len)  # the item after each input
-        return inputs, np.where(inputs > PAD, following - 1, IGNORE).astype(np.int64)
+        items = inputs[:, 0] if inputs.ndim == 3 else inputs
+        return inputs, np.where(items > PAD, following - 1, IGNORE).astype(np.int64)
 
 
 class HeldOutQueries(SequenceSamples):
@@ -156,7 +174,7 @@ class HeldOutQueries(SequenceSamples):
 
     def fetch(self, index: np.ndarray, seed: int | None):
         rows = self.rows[index]
-        return self.histories.window(rows, self.start[index], self.max_len), self.histories.item[rows]
+        return self.histories.inputs(rows, self.start[index], self.max_len), self.histories.item[rows]
 
     def seen(self, index: int) -> np.ndarray:
         """Items the user interacted with before query `index` (a view into the sorted arrays)."""
@@ -193,7 +211,19 @@ class HeldOutQueries(SequenceSamples):
 
 class HeldOutClicks(HeldOutQueries):
     """Held-out queries for a click model: as samples, (history | the item + 1) → clicked (1); evaluation
-    still ranks the whole catalogue for each query (`evaluate_model`)."""
+    still ranks the whole catalogue for each query (`evaluate_model`) and also scores each query's click
+    impressions (the item and `negatives` sampled ones, fixed): click AUC and GAUC (per-user AUC)."""
+
+    def __init__(self, histories: Histories, code: int, max_len: int, max_queries: int | None, seed: int,
+                 negatives: int = 4):
+        super().__init__(histories, code, max_len, max_queries, seed)
+        self.negatives = negatives
+
+    def evaluate_model(self, model: torch.nn.Module, *, device: torch.device, **options):
+        metrics, rows = super().evaluate_model(model, device=device, **options)
+        impressions = ClickPairs(self.histories, self.rows, self.max_len, self.negatives, CLICK_EVAL_SEED)
+        metrics.update(impressions.click_metrics(model, device))
+        return metrics, rows
 
     @property
     def targets(self) -> torch.Tensor:
@@ -201,7 +231,7 @@ class HeldOutClicks(HeldOutQueries):
 
     def fetch(self, index: np.ndarray, seed: int | None):
         history, item = super().fetch(index, seed)
-        return np.concatenate([history, (item + 1)[:, None]], axis=1), np.ones(len(index), np.int64)
+        return with_candidate(history, item), np.ones(len(index), np.int64)
 
 
 class ClickPairs(SequenceSamples):
@@ -225,6 +255,26 @@ class ClickPairs(SequenceSamples):
     def targets(self) -> torch.Tensor:
         return torch.from_numpy((np.arange(self.size) % (1 + self.negatives) == 0).astype(np.int64))
 
+    @torch.no_grad()
+    def click_metrics(self, model: torch.nn.Module, device: torch.device, batch: int = 4096) -> dict:
+        """Click AUC over all impressions and GAUC (per-user AUC weighted by impressions), fixed negatives."""
+        from trainwise.evaluate.ranking import group_auc
+
+        was_training = model.training
+        model.eval()
+        try:
+            scores = np.concatenate([
+                model(torch.from_numpy(self.fetch(np.arange(start, min(start + batch, self.size)), None)[0])
+                      .to(device))[:, 1].float().cpu().numpy() for start in range(0, self.size, batch)])
+        finally:
+            model.train(was_training)
+        labels = self.targets.numpy()
+        users = self.histories.user[self.rows[np.arange(self.size) // (1 + self.negatives)]]
+        overall = group_auc(np.zeros(self.size), labels, scores)["gauc"]
+        return {"click_auc": overall, **group_auc(users, labels, scores),
+                "click_protocol": f"each held-out event's item vs {self.negatives} sampled items (fixed); gauc: "
+                                  "per-user AUC weighted by impressions"}
+
     def fetch(self, index: np.ndarray, seed: int | None):
         query, slot = np.divmod(index, 1 + self.negatives)
         rows = self.rows[query]
@@ -234,9 +284,17 @@ class ClickPairs(SequenceSamples):
         negative = (mix64(index.astype(np.uint64) ^ mix64(key)) % np.uint64(self.histories.num_items)).astype(np.int64)
         negative = np.where(negative == positive, (negative + 1) % self.histories.num_items, negative)
         candidate = np.where(slot == 0, positive, negative)
-        history = self.histories.window(rows, self.start[query], self.max_len)
-        inputs = np.concatenate([history, (candidate + 1)[:, None]], axis=1)
-        return inputs, (slot == 0).astype(np.int64)
+        history = self.histories.inputs(rows, self.start[query], self.max_len)
+        return with_candidate(history, candidate), (slot == 0).astype(np.int64)
+
+
+def with_candidate(history: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """A click sample: the history with the candidate item + 1 as its last column (with behaviour types,
+    the candidate's behaviour is 0: what the user will do with it is what the model predicts)."""
+    if history.ndim == 2:
+        return np.concatenate([history, (candidate + 1)[:, None]], axis=1)
+    column = np.stack([candidate + 1, np.zeros_like(candidate)], axis=1)[:, :, None]
+    return np.concatenate([history, column], axis=2)
 
 
 def mix64(x: np.ndarray | np.uint64) -> np.ndarray:
