@@ -10,12 +10,15 @@ directory alone, on another machine, after the fact.
       events.jsonl        {"step", "time", "kind", "severity", "message", "evidence"} per line
       system.jsonl        telemetry samples
       checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt; sharded (fsdp): step-<N>/, last, best symlinks
-      model.safetensors   final weights (the best ones when early stopping restored them)
-      summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint
+      model.safetensors   final weights (the best ones when early stopping restored them); format: run_weights.py
+      summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint; what
+                          readers make of it (interrupted, still training): run_status.py
       eval/               metrics.json (latest), metrics-<split>.json (each split's latest),
                           confusion_matrix.csv, predictions.csv
       lr_find.json/.png   the LR range test, when `trainwise lr-find --out RUN` ran
-      report.html         self-contained report
+      report.html         self-contained report (report.md with --format md)
+      error.log           the full traceback of a run that failed
+      tensorboard/        TensorBoard event files mirroring metrics.jsonl, when tensorboard is installed
       checksums.json      SHA-256 and size of each checkpoint and of the final weights (run_integrity.py)
       .lock               held by the one process writing the run; says which (run_lock.py)
 """
@@ -31,20 +34,20 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise import run_lock, run_records
+from trainwise import run_lock, run_records, run_status
 from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
 from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
 from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, free_space_warning,
                                      load_weights_file, newest_intact)
 from trainwise.run_lock import Holder
+from trainwise.run_status import ReadStatus
+from trainwise.run_weights import safetensors_bytes
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
 
 Severity = Literal["info", "warning", "error"]
-Status = Literal["running", "completed", "stopped", "failed"]
-ReadStatus = Literal["running", "interrupted", "completed", "stopped", "failed", "unknown"]  # RunDir.status()
 
 _CHECKPOINT_PREFIX = "step-"
 _CHECKPOINT_SUFFIX = ".pt"
@@ -84,24 +87,7 @@ class RunDir:
     @staticmethod
     def refuse_existing(path: Path, *, overwrite: bool) -> None:
         """Raise when creating a run at `path` would replace files the user did not ask to replace."""
-        if path.exists() and not path.is_dir():
-            raise RunDirError(f"{path} exists and is not a directory; choose another --out.")
-        lock = path / _LOCK_FILE
-        holder = run_lock.holder(lock) if path.is_dir() and not run_lock.held_here(lock) else None
-        if holder is not None:
-            raise run_lock.in_use(path, holder)
-        if path.is_dir() and any(p.name != _LOCK_FILE for p in path.iterdir()) and not overwrite:
-            run = RunDir(path)
-            status = run.read_summary().get("status") if run.summary_path.is_file() else None
-            if status == "completed":
-                advice = ("It holds a completed run, which cannot be resumed. Choose another --out "
-                          "for a new run, or pass --overwrite to replace it.")
-            elif run.has_checkpoint():
-                advice = (f"Continue it with `trainwise resume {path}`, choose another --out, or pass --overwrite "
-                          "to replace it.")
-            else:
-                advice = "Choose another --out, or pass --overwrite to replace it."
-            raise RunDirError(f"{path} already holds files (a previous run?). Nothing was touched.\n{advice}")
+        run_status.refuse_existing(RunDir(path), overwrite=overwrite)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":
@@ -216,11 +202,7 @@ class RunDir:
     def liveness_note(self) -> str | None:
         """A sentence for readers when the summary says `running`: still training, or interrupted (killed
         mid-run: no process writes it), with the step it reached and the command that continues it."""
-        summary = self.read_summary()
-        if summary.get("status") != "running":
-            return None
-        return run_lock.liveness_note(self.path, self.live_writer(), summary.get("steps"), summary.get("max_steps"),
-                                      resumable=self.has_checkpoint())
+        return run_status.liveness_note(self)
 
     def has_checkpoint(self) -> bool:
         """Whether any checkpoint (file or sharded directory) is on disk: something `trainwise resume` can use."""
@@ -230,10 +212,7 @@ class RunDir:
         """The run's status as readers say it: the summary's, `interrupted` when it says `running` but no
         process is writing the run (killed or crashed: `trainwise resume` continues it), `unknown` when
         there is no readable summary."""
-        status = self.read_summary().get("status")
-        if status == "running" and self.live_writer() is None:
-            return "interrupted"
-        return status if status in ("running", "completed", "stopped", "failed") else "unknown"
+        return run_status.status(self)
 
     def remove_stale_temp_files(self) -> list[Path]:
         """For readers (eval, report): remove the temporary files of a killed writer, unless one is live."""
@@ -329,18 +308,7 @@ class RunDir:
     def read_summary(self) -> dict[str, Any]:
         """The summary, or {} when there is none yet or it is damaged (then named in `problems`): the
         status and timings are then unknown, but metrics, checkpoints and weights can still be read."""
-        try:
-            summary = json.loads(self.summary_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            summary = f"not valid JSON: {e}"
-        if not isinstance(summary, dict):
-            why = summary if isinstance(summary, str) else "not a JSON object"
-            self._problem(f"{self.summary_path} is damaged ({why}); the run's status, steps and timings are "
-                          "unknown. A resume rewrites it.")
-            return {}
-        return summary
+        return run_status.read_summary(self.summary_path, self._problem)
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint_path(self, name: Literal["last", "best"] | int) -> Path:
@@ -404,18 +372,9 @@ class RunDir:
 
     # ---- weights -----------------------------------------------------------------------------------
     def write_model(self, state_dict: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
-        from safetensors.torch import save
-
+        """The final weights as safetensors (tied weights each saved whole), written atomically with their checksum."""
         self.acquire_writer()
-        tensors, seen = {}, set()
-        for name, tensor in state_dict.items():
-            tensor = tensor.detach().contiguous().cpu()
-            # tied weights (an embedding that is also the output layer) share storage, which safetensors
-            # refuses; each name gets its own copy so the file loads with a plain load_state_dict
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            tensors[name] = tensor.clone() if key in seen else tensor
-            seen.add(key)
-        data = save(tensors, metadata=metadata)
+        data = safetensors_bytes(state_dict, metadata)
         written = atomic_write_digest(self.model_path, lambda f: f.write(data), what="the final weights",
                                       expected_bytes=len(data), advice=self._disk_advice())
         self._ledger.record({self.model_path: written})

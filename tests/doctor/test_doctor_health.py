@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from trainwise.config import TelemetryConfig
-from trainwise.doctor.facts import GpuProcess, load_facts
+from trainwise.doctor.facts import load_facts
+from trainwise.doctor.gpu_facts import GpuProcess
 from trainwise.doctor.gpu_health import gpu_health_findings
 from trainwise.doctor.host import host_findings, suggested_workers
 

@@ -3,7 +3,7 @@ someone else is already on the card."""
 from __future__ import annotations
 
 from trainwise.config import TelemetryConfig
-from trainwise.doctor.facts import GpuFacts
+from trainwise.doctor.gpu_facts import GpuFacts
 from trainwise.findings import Finding
 from trainwise.telemetry.alerts import cooling_fix, temperature_level, throttle_level
 from trainwise.telemetry.nvml import POWER_REASONS
