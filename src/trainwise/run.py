@@ -156,6 +156,11 @@ class RunDir:
         return self.path / "tensorboard"
 
     @property
+    def lr_find_paths(self) -> tuple[Path, Path]:
+        """(lr_find.json, lr_find.png): `trainwise lr-find --out` writes them, into a run or any directory."""
+        return self.path / "lr_find.json", self.path / "lr_find.png"
+
+    @property
     def error_log_path(self) -> Path:
         return self.path / "error.log"
 

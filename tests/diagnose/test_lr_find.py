@@ -146,7 +146,7 @@ def test_a_run_directory_takes_its_first_lr_range_test_without_overwrite(tmp_pat
     (run / "config.yaml").write_text("name: x\n")
     (run / "metrics.jsonl").write_text("")
     finder.refuse_out_dir(run, overwrite=False)  # the report then shows the test beside the run
-    (run / finder.JSON_NAME).write_text("{}")
+    (run / "lr_find.json").write_text("{}")
     with pytest.raises(RunDirError, match="already holds files"):  # a second one replaces the first: say so
         finder.refuse_out_dir(run, overwrite=False)
 

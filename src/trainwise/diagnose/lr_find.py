@@ -37,7 +37,6 @@ from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import make_scaler, resolve_precision
 from trainwise.train.step import MicroBatch, TrainStep, default_loss
 
-JSON_NAME, PNG_NAME = "lr_find.json", "lr_find.png"
 DEFAULT_MIN_LR, DEFAULT_MAX_LR = 1e-6, 1.0  # wide enough for Adam (≈1e-4..1e-2) and SGD (≈1e-2..1)
 MAX_STEPS = 100  # fastai's default: ~17 points per decade over 6 decades
 MIN_STEPS = 50
@@ -268,7 +267,7 @@ def refuse_out_dir(out: Path, *, overwrite: bool) -> None:
     yet (its report then shows the test), unless the user said --overwrite."""
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} exists and is not a directory; choose another --out.")
-    ours = [out / JSON_NAME, out / PNG_NAME]
+    ours = RunDir(out).lr_find_paths
     a_run_to_add_to = RunDir(out).config_path.is_file() and not any(p.exists() for p in ours)
     if out.is_dir() and any(out.iterdir()) and not overwrite and not a_run_to_add_to:
         raise RunDirError(f"--out {out} already holds files. Nothing was touched. Choose another --out, or pass "
@@ -283,8 +282,9 @@ def write_outputs(result: LrFindResult, out: Path) -> tuple[Path, Path]:
     """Both files rendered in memory first, then each written atomically: a failure leaves no half file."""
     png = render_png(result)
     try:
-        png_path = atomic_write_bytes(out / PNG_NAME, png)
-        json_path = atomic_write_json(out / JSON_NAME, _finite(result.to_dict()))
+        json_target, png_target = RunDir(out).lr_find_paths
+        png_path = atomic_write_bytes(png_target, png)
+        json_path = atomic_write_json(json_target, _finite(result.to_dict()))
     except OSError as error:  # e.g. a read-only disk: the user's choice of place, not a bug
         if is_disk_full(error):
             raise

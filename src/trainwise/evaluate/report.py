@@ -111,9 +111,7 @@ def split_table(evaluations: dict[str, dict[str, Any]]) -> list[tuple[str, dict[
 def read_lr_find(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
     """RUN/lr_find.json (written by `trainwise lr-find ... --out RUN`) and a problem to report when it is
     there but unreadable."""
-    from trainwise.diagnose.lr_find import JSON_NAME
-
-    path = run.path / JSON_NAME
+    path = run.lr_find_paths[0]
     if not path.is_file():
         return None, None
     try:
