@@ -269,7 +269,7 @@ def trace_step(step: TrainingStep) -> StepTrace:
     # are not device memory; on a CPU the Trainer's whole group of micro-batches is the device's.
     to_device = (lambda t: t.clone()) if step.device_kind == "cuda" else (lambda t: t)
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        model = _into_mode(step.build_model(), mode)
+        model = _dense_gradients(_into_mode(step.build_model(), mode))
         host_batches = [[make_batch(step) for _ in range(step.accumulation_steps)] for _ in range(2)]
         with tracker:
             for p in model.parameters():
@@ -329,6 +329,16 @@ def _into_mode(model: nn.Module, mode) -> nn.Module:
                         fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
                     replaced[id(tensor)] = fresh
                 table[name] = replaced[id(tensor)]
+    return model
+
+
+def _dense_gradients(model: nn.Module) -> nn.Module:
+    """Sparse-gradient embedding tables traced as dense: fake tensors cannot run a sparse backward (its size
+    depends on the ids). The gradient is overestimated (a whole table, not the rows looked up); the optimizer
+    state is exact (SparseAdam keeps two dense moments, as AdamW)."""
+    for module in model.modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            module.sparse = False
     return model
 
 

@@ -113,12 +113,21 @@ Count = Annotated[int, Field(strict=True, ge=1, le=2**31), _explained("a positiv
 Switch = Annotated[bool, Field(strict=True), _explained("true or false")]
 
 
+NextItemLoss = Annotated[Literal["full", "sampled"], _explained("full (softmax over every item) or sampled "
+                                                               "(num_sampled negatives per batch)")]
+Sampling = Annotated[Literal["uniform", "popularity"], _explained("uniform or popularity (with the logQ correction)")]
+
+
 class SasrecArgs(BuilderArgs):
     builder: ClassVar[str] = "sasrec"
     hidden: Size = 64
     layers: Layers = 2
     heads: Layers = 1
     dropout: Dropout = 0.2
+    loss: NextItemLoss = "full"
+    num_sampled: Count = 1000
+    sampling: Sampling = "uniform"
+    sparse_embeddings: Switch = False
 
 
 class Gru4recArgs(BuilderArgs):
@@ -126,6 +135,10 @@ class Gru4recArgs(BuilderArgs):
     hidden: Size = 64
     layers: Layers = 1
     dropout: Dropout = 0.2
+    loss: NextItemLoss = "full"
+    num_sampled: Count = 1000
+    sampling: Sampling = "uniform"
+    sparse_embeddings: Switch = False
 
 
 class PopularityArgs(BuilderArgs):

@@ -6,19 +6,22 @@ Every model also has `score_items(history, items) -> [users, items]`, the scores
 
 Next-item models return, in training mode, logits for the next item at *every* position, shaped
 [batch, items, positions] as cross-entropy takes them with targets [batch, positions] (-100 = padding);
-in eval mode, logits after the last position only, [batch, items].
+in eval mode, logits after the last position only, [batch, items]. With `loss="sampled"` their training
+outputs are the states [batch, positions, hidden] and `training_loss` scores them (recsys/sampled.py).
 DIN returns two logits [0, s] per (history, candidate): softmax cross-entropy over them is the logistic
 loss of s, so the trainer's default loss trains a click model.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from trainwise.data.bundle import DataSpec
+from trainwise.recsys.sampled import NegativeSampler, Sampling, sampled_softmax_loss
 
 def split_behaviour(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(item ids + 1, behaviour codes + 1 or None): inputs are [batch, L], or [batch, 2, L] when the log's
@@ -69,14 +72,32 @@ class CausalSelfAttentionBlock(nn.Module):
 
 
 class NextItemModel(nn.Module):
-    """Shared by the next-item models: item embeddings (tied with the output layer) and the output shape."""
+    """Shared by the next-item models: item embeddings (tied with the output layer), the output shape and
+    the training loss.
 
-    def __init__(self, num_items: int, hidden: int, behaviours: int = 0):
+    `loss="full"`: training outputs are logits over the whole catalogue and the trainer's cross-entropy is
+    the loss. `loss="sampled"`: training outputs are the states [batch, positions, hidden] and
+    `training_loss` (which train/step.py uses when a model has one) is a sampled softmax against
+    `num_sampled` negatives per batch (recsys/sampled.py), never building [batch, positions, items].
+    `sparse_embeddings`: the item table's gradient holds only the rows a batch looked up, and the optimizer
+    gives it to SparseAdam (train/optim.py); it needs the sampled loss, since the full one touches every row.
+    """
+
+    def __init__(self, num_items: int, hidden: int, behaviours: int = 0, loss: str = "full",
+                 num_sampled: int = 1000, sampling: Sampling = "uniform", item_counts: Sequence[int] = (),
+                 sparse_embeddings: bool = False):
         super().__init__()
+        if loss not in ("full", "sampled"):
+            raise ValueError(f"model.args.loss={loss!r}: use full (softmax over every item) or sampled")
+        if sparse_embeddings and loss != "sampled":
+            raise ValueError("model.args.sparse_embeddings=true needs model.args.loss=sampled: the full softmax "
+                             "scores every item, so every row of the item table gets a gradient each step")
         self.num_items = num_items
-        self.item_embedding = nn.Embedding(num_items + 1, hidden, padding_idx=0)
+        self.item_embedding = nn.Embedding(num_items + 1, hidden, padding_idx=0, sparse=sparse_embeddings)
         nn.init.normal_(self.item_embedding.weight, std=hidden ** -0.5)
         self.behaviour_embedding = BehaviourEmbedding(behaviours, hidden) if behaviours else None
+        self.negatives = NegativeSampler(num_items, num_sampled, sampling, item_counts) \
+            if loss == "sampled" else None
 
     def embed(self, history: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """(event embeddings [batch, L, hidden]: item (times `scale`) + behaviour type, the item ids + 1)."""
@@ -92,10 +113,22 @@ class NextItemModel(nn.Module):
 
     def forward(self, history: torch.Tensor) -> torch.Tensor:
         states = self.encode(history)
+        if self.training and self.negatives is not None:
+            return states  # scored by training_loss against sampled items
         items = self.item_embedding.weight[1:]
         if self.training:
             return (states @ items.T).transpose(1, 2)
         return states[:, -1] @ items.T
+
+    @property
+    def training_loss(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """The loss of training outputs when the model brings its own (the sampled softmax), else None."""
+        return self._sampled_loss if self.negatives is not None else None
+
+    def _sampled_loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        assert self.negatives is not None
+        return sampled_softmax_loss(states, targets, self.item_embedding.weight, self.negatives.draw(states.device),
+                                    self.negatives.log_q, sparse=self.item_embedding.sparse)
 
     @torch.no_grad()
     def score_items(self, history: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -107,8 +140,8 @@ class SASRec(NextItemModel):
     history with learned positions; the state at each position scores the next item against every item."""
 
     def __init__(self, num_items: int, max_len: int, hidden: int = 64, layers: int = 2, heads: int = 1,
-                 dropout: float = 0.2, behaviours: int = 0):
-        super().__init__(num_items, hidden, behaviours)
+                 dropout: float = 0.2, behaviours: int = 0, **loss):
+        super().__init__(num_items, hidden, behaviours, **loss)
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
         self.position_embedding = nn.Embedding(max_len, hidden)
@@ -154,8 +187,8 @@ class GRU4Rec(NextItemModel):
     scores the next one. Causal by construction."""
 
     def __init__(self, num_items: int, hidden: int = 64, layers: int = 1, dropout: float = 0.2,
-                 behaviours: int = 0):
-        super().__init__(num_items, hidden, behaviours)
+                 behaviours: int = 0, **loss):
+        super().__init__(num_items, hidden, behaviours, **loss)
         self.input_dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(hidden, hidden, num_layers=layers, batch_first=True,
                           dropout=dropout if layers > 1 else 0.0)
@@ -294,17 +327,27 @@ def _spec_items(data_spec: DataSpec, objective: str, model: str) -> tuple[int, i
     return num_items, getattr(data_spec, "max_len")
 
 
+def _loss_args(data_spec: DataSpec, loss: str, num_sampled: int, sampling: str, sparse_embeddings: bool) -> dict:
+    """The next-item loss options (see NextItemModel), with the training counts popularity sampling needs."""
+    return {"loss": loss, "num_sampled": num_sampled, "sampling": sampling, "sparse_embeddings": sparse_embeddings,
+            "item_counts": getattr(data_spec, "item_counts", ()) if sampling == "popularity" else ()}
+
+
 def sasrec(data_spec: DataSpec, hidden: int = 64, layers: int = 2, heads: int = 1, dropout: float = 0.2,
+           loss: str = "full", num_sampled: int = 1000, sampling: str = "uniform", sparse_embeddings: bool = False,
            gradient_checkpointing: bool = False) -> SASRec:
     num_items, max_len = _spec_items(data_spec, "next_item", "sasrec")
     return SASRec(num_items, max_len, hidden=hidden, layers=layers, heads=heads, dropout=dropout,
-                  behaviours=_behaviours(data_spec))
+                  behaviours=_behaviours(data_spec),
+                  **_loss_args(data_spec, loss, num_sampled, sampling, sparse_embeddings))
 
 
-def gru4rec(data_spec: DataSpec, hidden: int = 64, layers: int = 1, dropout: float = 0.2,
+def gru4rec(data_spec: DataSpec, hidden: int = 64, layers: int = 1, dropout: float = 0.2, loss: str = "full",
+            num_sampled: int = 1000, sampling: str = "uniform", sparse_embeddings: bool = False,
             gradient_checkpointing: bool = False) -> GRU4Rec:
     num_items, _ = _spec_items(data_spec, "next_item", "gru4rec")
-    return GRU4Rec(num_items, hidden=hidden, layers=layers, dropout=dropout, behaviours=_behaviours(data_spec))
+    return GRU4Rec(num_items, hidden=hidden, layers=layers, dropout=dropout, behaviours=_behaviours(data_spec),
+                   **_loss_args(data_spec, loss, num_sampled, sampling, sparse_embeddings))
 
 
 def popularity(data_spec: DataSpec, gradient_checkpointing: bool = False) -> Popularity:

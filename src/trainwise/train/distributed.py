@@ -82,6 +82,11 @@ def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, pr
                ) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
     """(what computes the outputs, the context that skips the gradient all-reduce/reduce-scatter on
     micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors."""
+    if strategy in ("ddp", "fsdp") and any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+                                           for m in model.modules()):
+        raise ConfigError(f"sparse embedding gradients (model.args.sparse_embeddings=true) cannot be averaged "
+                          f"across ranks under train.strategy={strategy} (NCCL has no sparse all-reduce): train "
+                          "on one rank, or set model.args.sparse_embeddings=false.")
     if strategy == "ddp":
         ddp = DistributedDataParallel(model)
         return ddp, ddp.no_sync

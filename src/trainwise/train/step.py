@@ -44,6 +44,22 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
 
 
+def model_loss(model: nn.Module, loss_fn: LossFn) -> LossFn:
+    """The model's own training loss when it brings one (`model.training_loss(outputs, targets)`, not None:
+    e.g. a recommender's sampled softmax, whose training outputs are states scored against a few sampled
+    items, recsys/sampled.py), else `loss_fn`. Evaluation keeps `loss_fn` on the model's eval outputs."""
+    own = getattr(model, "training_loss", None)
+    return own if callable(own) else loss_fn
+
+
+def dense_gradient_parameters(parameters: Sequence[nn.Parameter], model: nn.Module) -> list[nn.Parameter]:
+    """The parameters whose gradients are measured and clipped: all but embedding tables with sparse
+    gradients (SparseAdam updates them, train/optim.py). torch has no norm of a sparse gradient; their rows'
+    gradients come from the same loss as the dense ones, so a non-finite step shows in the dense norm."""
+    sparse = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
+    return [p for p in parameters if id(p) not in sparse]
+
+
 def supports_device_skip(optimizer: torch.optim.Optimizer) -> bool:
     """Fused optimizers accept `found_inf` and skip on the device; others need the host to decide."""
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
@@ -78,7 +94,7 @@ class TrainStep:
                  no_sync: Callable[[], object] | None = None,
                  to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None, model_name: str | None = None):
-        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.model, self.optimizer, self.loss_fn = model, optimizer, model_loss(model, loss_fn)
         self.precision, self.device = precision, device
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm = grad_clip_norm
@@ -89,6 +105,7 @@ class TrainStep:
         self.to_device = to_device or (lambda t: t.to(device, non_blocking=True))
         self.augment = augment
         self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.clipped = dense_gradient_parameters(self.parameters, model)
         self.device_skip = supports_device_skip(optimizer)
         self.model_name = model_name or type(model).__name__  # for messages about the user's model
         self.steps_done = 0
@@ -141,9 +158,9 @@ class TrainStep:
         schedule, free the gradients."""
         self.scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
         if self.grad_clip_norm:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.clipped, self.grad_clip_norm)
         else:
-            grad_norm = total_norm(self.parameters)
+            grad_norm = total_norm(self.clipped)
         grad_norm = replicated(grad_norm)
         skipped = (~torch.isfinite(grad_norm)).float()
         if self.scaler.is_enabled():
