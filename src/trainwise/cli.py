@@ -219,14 +219,18 @@ def _finish(summary: dict, path: Path) -> None:
 
 
 def _print_outcome(summary: dict, path: Path) -> None:
-    status = summary.get("status", "?")
+    status, message = summary.get("status", "?"), summary.get("message")
     best = summary.get("best") or {}
-    line = f"[bold]{status}[/] after {summary.get('steps', 0)} steps"
-    if best.get("value") is not None:
-        line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
-    console.print(line)
-    if summary.get("message"):
-        console.print(summary["message"])
+    if status == "completed" and message:  # an early stop: why it ended is the headline, not "completed"
+        value = f" ({best.get('metric')} = {best['value']:.4g})" if best.get("value") is not None else ""
+        console.print(f"[bold]{message}[/]{value}", highlight=False)
+    else:
+        line = f"[bold]{status}[/] after {summary.get('steps', 0)} steps"
+        if best.get("value") is not None:
+            line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
+        console.print(line)
+        if message:
+            console.print(message)
     console.print(f"run directory: {path}")
 
 

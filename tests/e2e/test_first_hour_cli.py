@@ -158,3 +158,33 @@ def test_data_bench_quick_default_times_few_model_steps_and_full_times_more(tmp_
     assert invoke(capsys, "data", "bench", str(out), "--full").returncode == 0
     assert asked == [(8, 2)] and set(timed) == {data_bench.FULL_SECONDS}
     assert len(timed) == len(data_bench.worker_counts())
+
+
+def test_an_early_stop_says_why_in_the_console_and_the_report_header_not_completed(tmp_path, capsys):
+    """Issue 15: early stopping ended with "completed after 285 steps" and a report header that did not say
+    why. Now the console's headline and the report's header both say where it stopped, why, and which step's
+    weights were restored."""
+    out = tmp_path / "run"
+    # an lr of 1e-9 keeps val/loss flat, so two evaluations without improvement stop it
+    trained = invoke(capsys, "train", "breast-cancer", "optim.lr=1e-9", "train.max_steps=200", "train.log_every=10",
+                     "eval.every_steps=10", "eval.every_epoch=false", "eval.early_stopping.patience=2",
+                     "telemetry.enabled=false", "--out", str(out))
+    assert trained.returncode == 0, trained.stderr
+    said = " ".join(trained.stdout.split())
+    summary = json.loads((out / "summary.json").read_text())
+    steps, best = summary["steps"], summary["best"]["step"]
+    why = (f"stopped early at step {steps} of 200 (val/loss did not improve for 2 evaluations); "
+           f"best step {best} restored")
+    assert steps < 200 and said.startswith(why) and "completed after" not in said
+    assert invoke(capsys, "report", str(out), "--format", "md").returncode == 0
+    header = (out / "report.md").read_text().split("## ")[0]
+    assert why in header
+
+
+def test_an_out_that_cannot_be_written_is_the_one_thing_said(capsys):
+    """Issue 17 §7: `--out /proc/foo` was preceded by a warning that /proc has "0.0 MiB free" for the
+    checkpoints, which sent the user after disk space; the run directory's own error comes alone."""
+    result = invoke(capsys, "train", "breast-cancer", "telemetry.enabled=false", "--out", "/proc/trainwise-first-hour")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: --out /proc/trainwise-first-hour: cannot write the run directory there")
+    assert "MiB free" not in result.stderr

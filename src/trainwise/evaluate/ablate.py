@@ -95,8 +95,9 @@ def plan_variants(recipe: str, vary: list[tuple[str, list[str]]], *, mode: str =
         seen.add(fingerprint)
         variants.append(Variant(",".join(combo), combo))
     if len(variants) == 1:
-        raise ConfigError(f"every --vary value is the recipe's own setting ({', '.join(skipped)}), so there is "
-                          "nothing to compare; vary something the recipe does differently.")
+        raise ConfigError(f"every --vary value is the recipe's own setting ({', '.join(skipped)}), or runs as it "
+                          "on this machine, so there is nothing to compare; vary something the recipe does "
+                          "differently.")
     return variants, skipped
 
 
@@ -117,7 +118,8 @@ def ablate(recipe: str, vary: list[str], *, out: str | os.PathLike, seeds: int =
     variants, skipped = plan_variants(recipe, parse_vary(vary), mode=mode, overrides=list(overrides))
     check_metric(base, metric)  # before the first run, not after every variant has trained
     if skipped:
-        on_progress(f"left out (same config as the baseline or an earlier variant): {', '.join(skipped)}")
+        on_progress(f"left out (same config as the baseline or an earlier variant, as run on this machine): "
+                    f"{', '.join(skipped)}")
     jobs = [(v, base.seed + k, out / v.directory / f"seed{k}") for v in variants for k in range(seeds)]
     workers = workers or default_workers(len(jobs))
     started = time.time()
@@ -323,7 +325,17 @@ def _config(recipe: str, overrides: list[str]) -> RunConfig:
 
 
 def _fingerprint(config: RunConfig) -> str:
-    return repr(config.model_dump(mode="json"))
+    """The config as it would run on this machine: `train.device` and `train.precision` resolved, so that
+    precision=auto and precision=fp32 on a CPU (where auto is fp32) are one config, not two identical runs."""
+    from trainwise.train import resolve_device, resolve_precision
+
+    dumped = config.model_dump(mode="json")
+    try:
+        device = resolve_device(config.train.device)
+        dumped["train"].update(device=device.type, precision=resolve_precision(config.train.precision, device))
+    except TrainwiseError:
+        pass  # a device or precision this machine cannot run: its run says why; compare it as written
+    return repr(dumped)
 
 
 def _split_top_level(text: str) -> list[str]:

@@ -72,10 +72,10 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
         config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
     if main:
+        run.initialise(overwrite=overwrite)  # first: an --out that cannot be written is the error to show
         warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
         if warning:
             warnings.warn(warning, RunDirWarning, stacklevel=2)
-        run.initialise(overwrite=overwrite)
         if auto is not None:
             run.log_event(**auto.event(), step=0)
     trainer.fit()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings
-from trainwise.errors import ConfigError, TrainingError
+from trainwise.errors import ConfigError, RunDirWarning, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
@@ -135,6 +136,8 @@ class Trainer:
             choice = ckpt.choose(self)  # `last`, or the newest intact step; the same on every rank
             if choice.notice:
                 self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
+                if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
+                    warnings.warn(choice.notice, RunDirWarning, stacklevel=2)
             self._load(choice.path)
         else:
             self.run_dir.write_config(self.config)
