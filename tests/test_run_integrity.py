@@ -90,7 +90,21 @@ def test_overwritten_final_weights_are_refused_not_read_as_nan(tmp_path):
     assert torch.equal(run.read_model()["layer.weight"], torch.ones(4000))
     _damage(run.model_path, 200, b"\xff" * 4000)
     assert torch.isnan(load_file(run.model_path)["layer.weight"]).any()  # what eval used to score
-    with pytest.raises(DamagedFileError, match="model.safetensors is damaged.*--checkpoint best"):
+    with pytest.raises(DamagedFileError, match="model.safetensors is damaged.*no other weights are left"):
+        run.read_model()
+
+
+def test_the_advice_for_a_damaged_file_offers_only_what_can_work(run):
+    run.write_model({"w": torch.ones(4000)})
+    run.write_summary({"status": "completed", "steps": 40})
+    _damage(run.model_path, 200, b"\xff" * 4000)
+    with pytest.raises(DamagedFileError) as caught:
+        run.read_model()
+    advice = str(caught.value)
+    assert "--checkpoint best or last" in advice  # the weights still here, never the damaged file itself
+    assert "final" not in advice.split("--checkpoint")[-1] and "trainwise resume" not in advice  # completed
+    run.write_summary({"status": "stopped", "steps": 40})
+    with pytest.raises(DamagedFileError, match="trainwise resume .* falls back"):
         run.read_model()
 
 

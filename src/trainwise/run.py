@@ -38,8 +38,8 @@ from trainwise import run_lock, run_records, run_status
 from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
 from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
-from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, free_space_warning,
-                                     load_weights_file, newest_intact)
+from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, damaged_file_advice,
+                                     free_space_warning, load_weights_file, newest_intact)
 from trainwise.run_lock import Holder
 from trainwise.run_status import ReadStatus
 from trainwise.run_weights import safetensors_bytes
@@ -351,9 +351,13 @@ class RunDir:
     def verify(self, path: Path) -> None:
         """DamagedFileError when `path` (a checkpoint or the final weights) is not the file written there.
         A file written before checksums were recorded cannot be checked and passes."""
-        fix = (f"`trainwise resume {self.path}` falls back to the newest intact checkpoint; `trainwise eval` can "
-               "use other weights (--checkpoint best, last or final).")
-        check_loadable(self._ledger.problem(path), path.name, fix)
+        problem = self._ledger.problem(path)
+        if problem is not None:
+            weights = {"best": self.checkpoint_path("best"), "last": self.checkpoint_path("last"),
+                       "final": self.model_path}
+            others = [name for name, there in weights.items() if there != path and there.exists()]
+            resumable = self.has_checkpoint() and self.read_summary().get("status") != "completed"
+            check_loadable(problem, path.name, damaged_file_advice(self.path, others, resumable=resumable))
 
     def check_free_space(self, checkpoint_bytes: int, keep_last: int) -> str | None:
         """A warning (for `train`, before training) when the disk cannot hold the checkpoints this run keeps

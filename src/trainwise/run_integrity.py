@@ -201,6 +201,15 @@ def _inode(path: Path) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+def damaged_file_advice(run: Path, others: list[str], *, resumable: bool) -> str:
+    """What to do about a damaged checkpoint or weights file: only what can work (resume falls back to an
+    intact checkpoint unless the run completed; eval can take the weights still here)."""
+    fixes = [f"`trainwise resume {run}` falls back to the newest intact checkpoint"] if resumable else []
+    if others:
+        fixes.append(f"`trainwise eval` can use other weights (--checkpoint {' or '.join(others)})")
+    return "; ".join(fixes) + "." if fixes else "no other weights are left in this run: train it again."
+
+
 def check_loadable(problem: str | None, what: str, fix: str) -> None:
     """Raise the error a loader shows for a damaged file (`problem` from `Ledger.problem`)."""
     if problem:
