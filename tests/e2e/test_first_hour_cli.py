@@ -188,3 +188,21 @@ def test_an_out_that_cannot_be_written_is_the_one_thing_said(capsys):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: --out /proc/trainwise-first-hour: cannot write the run directory there")
     assert "MiB free" not in result.stderr
+
+
+def test_a_reader_that_goes_away_does_not_kill_the_run(tmp_path):
+    """`trainwise train ... | head -1`: once the pipe closes the run goes on silently, it is not failed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    out = tmp_path / "run"
+    command = (f"{shlex.quote(sys.executable)} -m trainwise train breast-cancer --out {shlex.quote(str(out))} "
+               "train.max_steps=40 train.log_every=1 eval.every_steps=20 telemetry.enabled=false 2>&1 | head -1")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(src)})
+    assert done.stdout.startswith("training 40 steps")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] >= 20, summary

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from trainwise.train.callbacks import Callback
+from trainwise.train.progress import TrainingConsole
 
 # The rules re-read the whole window each time (a flat loss is measured from where it started), so the
 # checks thin out as the run grows: every 5 log lines, then every 5% of the lines so far. A long run pays
@@ -22,7 +23,7 @@ CHECK_SHARE_OF_LOGS = 20
 
 class LiveDiagnosis(Callback):
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or TrainingConsole()
         self.records: list[dict[str, Any]] = []
         self.reported: set[str] = set()
         self.logs = 0

@@ -2,12 +2,31 @@
 otherwise (logs, CI, nohup). TensorBoard events when it is installed."""
 from __future__ import annotations
 
+import os
 import time
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainwise.train.callbacks import Callback
+
+
+class TrainingConsole(Console):
+    """The console a training run writes to. When the reader goes away (`trainwise train ... | head`, a
+    closed ssh session's pipe) the run goes on silently: Rich's default ends the process with SystemExit(1),
+    which killed a healthy run as `failed`. Everything the run records still goes to its directory."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**{"stderr": True, **kwargs})
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())  # later writes by anyone to this stream go nowhere, quietly
+            os.close(devnull)
+        except (OSError, ValueError):  # a stream without a file descriptor: quiet is enough
+            pass
 
 
 def _describe(record: dict) -> str:
@@ -23,7 +42,7 @@ def _starting(trainer) -> str:
 
 class ProgressDisplay(Callback):
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or TrainingConsole()
         self.progress: Progress | None = None
         self.task = None
         self.started = 0.0
