@@ -23,3 +23,22 @@ def test_bench_measures_a_prepared_table_against_its_recipe_model(tmp_path):
 def test_bench_refuses_what_is_not_a_prepared_dataset(tmp_path):
     with pytest.raises(DataError, match="not a prepared dataset"):
         bench_prepared(tmp_path)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_the_model_rate_times_the_trainers_own_step(monkeypatch, task):
+    """One definition of a training step: the rate `data bench` sets the loader against is TrainStep's."""
+    import torch
+
+    from tests.conftest import tiny_config
+    from trainwise.data.bundle import DataSpec
+    from trainwise.train.step import TrainStep
+    from trainwise.train.throughput import model_rate
+
+    calls = []
+    original = TrainStep.update
+    monkeypatch.setattr(TrainStep, "update", lambda self, loss: calls.append(1) or original(self, loss))
+    spec = DataSpec(input_shape=(4,), num_classes=3 if task == "classification" else None, task=task)
+    config = tiny_config(model={"name": "mlp", "args": {"hidden": [8]}})
+    rate = model_rate(config, spec, device=torch.device("cpu"), batch_size=16, steps=3, warmup=1)
+    assert rate > 0 and len(calls) == 4

@@ -16,31 +16,31 @@ from trainwise.data.bench import BenchResult, bench, default_recipe
 from trainwise.data.bundle import DataSpec
 from trainwise.train.device import resolve_device
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import autocast, resolve_precision
+from trainwise.train.precision import make_scaler, resolve_precision
+from trainwise.train.step import TrainStep, default_loss
 
 
 def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch_size: int,
                steps: int = 8, warmup: int = 2) -> float:
-    """Samples/s of forward + backward + optimizer steps (the recipe's) on one random batch on `device`."""
+    """Samples/s of the Trainer's own step (train/step.py: the recipe's optimizer, loss, precision, scaler and
+    clipping) on one random batch already on `device`."""
     from trainwise.recipes.factories import build_model
 
-    precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
+    train = config.train
+    precision = resolve_precision(train.precision, device)  # bf16 on a recent GPU, as in training
     model = build_model(config, spec).to(device)
-    optimizer = build_optimizer(model, config.optim)
+    train_step = TrainStep(model, build_optimizer(model, config.optim),
+                           loss_fn=default_loss(spec.task, train.label_smoothing), precision=precision,
+                           device=device, accumulation_steps=1, grad_clip_norm=train.grad_clip_norm,
+                           scaler=make_scaler(precision, device))
     inputs = torch.randn(batch_size, *spec.input_shape, device=device)
     if spec.task == "classification":
         targets = torch.randint(0, spec.num_classes or 2, (batch_size,), device=device)
-        loss_fn = torch.nn.functional.cross_entropy
     else:
-        targets = torch.randn(batch_size, 1, device=device)
-        loss_fn = torch.nn.functional.mse_loss
+        targets = torch.randn(batch_size, device=device)
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(precision, device):
-            loss = loss_fn(model(inputs).float(), targets)
-        loss.backward()
-        optimizer.step()
+        train_step([(inputs, targets)])
 
     for _ in range(warmup):  # allocator, cuDNN autotune
         step()
