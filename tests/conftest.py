@@ -30,6 +30,21 @@ def tiny_config(**sections) -> RunConfig:
     return config_from_dict(raw, source="test")
 
 
+def train_until_killed(args: list[str], out: Path, reached) -> None:
+    """`trainwise train ARGS --out OUT` in a process of its own, SIGKILLed once `reached()` (or after 120 s,
+    or when it ended by itself)."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with subprocess.Popen([sys.executable, "-m", "trainwise", "train", *args, "--out", str(out)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.time() + 120
+        while not reached() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
     """`python -m trainwise ARGS` in a subprocess; returns the CompletedProcess (never raises)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200", **(env or {})}

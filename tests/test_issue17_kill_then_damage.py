@@ -2,16 +2,11 @@
 whose `last.pt` then has 5,000 bytes zeroed resumes from the newest intact step checkpoint, says so, and still
 ends with the weights of a run that was never interrupted, its curve logged once per step."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import train_until_killed, run_cli
 
 # checkpoints every 6 steps, three kept, so the one before `last` is there to fall back to
 ARGS = ["breast-cancer", "train.max_steps=72", "train.log_every=1", "eval.every_steps=12",
@@ -26,24 +21,13 @@ def _checkpointed_step(run_dir) -> int:
         return 0
 
 
-def _train_until_killed(out, reached) -> None:
-    """`trainwise train ARGS --out OUT` in a process of its own, SIGKILLed once `reached()` (or after 120 s)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    with subprocess.Popen([sys.executable, "-m", "trainwise", "train", *ARGS, "--out", str(out)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
-        deadline = time.time() + 120
-        while not reached() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-
-
 @pytest.mark.slow
 def test_a_killed_run_with_a_zeroed_last_checkpoint_resumes_from_the_one_before_to_the_same_weights(tmp_path):
     straight = tmp_path / "straight"
     assert run_cli("train", *ARGS, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
-    _train_until_killed(killed, lambda: _checkpointed_step(killed) >= 24)
+    train_until_killed(ARGS, killed, lambda: _checkpointed_step(killed) >= 24)
     at = _checkpointed_step(killed)
     assert 24 <= at < 72, f"the kill should land mid-run, it landed after checkpoint {at}"
 

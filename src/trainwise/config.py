@@ -163,6 +163,13 @@ class TrainConfig(Section):
         (the planner and the loader bench size for that; `trainwise train` resolves `auto` before training)."""
         return self.micro_batch_size if isinstance(self.micro_batch_size, int) else self.batch_size
 
+    def refuse_unresolved_auto(self) -> None:
+        """`auto` is the planner's call, made before the engine is built (the engine does not import it)."""
+        if self.micro_batch_size == "auto":
+            raise ConfigError("train.micro_batch_size=auto is chosen by the planner when a run starts: use "
+                              "`trainwise train`, or call train_run(..., resolve_micro_batch=trainwise.plan."
+                              "auto_micro_batch.resolve_micro_batch), or set a number.")
+
     @property
     def accumulation_steps(self) -> int:
         return self.batch_size // self.micro_batch

@@ -1,15 +1,10 @@
 """Exact resume: a run killed with SIGKILL and resumed ends with the same weights, bit for bit."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import train_until_killed, run_cli
 from trainwise.train.sampler import ResumableBatchSampler
 
 # dropout + augmentation exercise the RNG; checkpoints every 7 steps land at odd places
@@ -32,14 +27,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     assert run_cli("train", *ARGS, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainwise", "train", *ARGS, "--out", str(killed)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while _last_logged_step(killed) < 45 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    train_until_killed(ARGS, killed, lambda: _last_logged_step(killed) >= 45)
     killed_at = _last_logged_step(killed)
     assert 45 <= killed_at < 90, f"the kill should land mid-run, it landed after step {killed_at}"
     assert json.loads((killed / "summary.json").read_text())["status"] == "running"

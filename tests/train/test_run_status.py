@@ -2,16 +2,11 @@
 with the command that continues it, the final save can be cut anywhere and resumed to the same weights, and
 `eval --checkpoint final` evaluates the final step's weights even when early stopping restored the best."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, invoke, tiny_config
+from tests.conftest import train_until_killed, invoke, tiny_config
 from trainwise.run import RunDir
 from trainwise.train.run import resume_run, train_run
 
@@ -29,14 +24,7 @@ def _summary(out):
 @pytest.mark.slow
 def test_a_sigkilled_run_shows_its_progress_and_reads_as_interrupted_with_the_resume_command(tmp_path, capsys):
     out = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainwise", "train", *KILL_ARGS, "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while _summary(out).get("steps", 0) < 8 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    train_until_killed(KILL_ARGS, out, lambda: _summary(out).get("steps", 0) >= 8)
 
     summary = _summary(out)
     assert summary["status"] == "running"  # as the killed writer left it: no process could say otherwise

@@ -41,19 +41,23 @@ def read_eval(run: RunDir, split: str | None = None) -> dict[str, Any] | None:
     """The run's latest evaluation (metrics.json), or with `split` the latest evaluation of that split;
     None when there is none. A run evaluated before splits were kept apart has only metrics.json: it
     counts for the split it names."""
-    if split is None:
-        return _read_eval_file(run, run.eval_metrics_path)
-    path = _split_metrics_path(run, split)
-    if path.is_file():
-        return _read_eval_file(run, path)
     latest = _read_eval_file(run, run.eval_metrics_path)
-    return latest if latest is not None and latest.get("split", "test") == split else None
+    return latest if split is None else _split_eval(run, split, latest)
 
 
 def read_evals(run: RunDir) -> dict[str, dict[str, Any]]:
     """{split: its latest evaluation} for every split evaluated, in the order test, val, train."""
-    found = {split: read_eval(run, split) for split in ("test", "val", "train")}
+    latest = _read_eval_file(run, run.eval_metrics_path)  # read once, not once per split
+    found = {split: _split_eval(run, split, latest) for split in ("test", "val", "train")}
     return {split: evaluation for split, evaluation in found.items() if evaluation is not None}
+
+
+def _split_eval(run: RunDir, split: str, latest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`split`'s own file, else the latest evaluation (`latest`, already read) when it measured `split`."""
+    path = _split_metrics_path(run, split)
+    if path.is_file():
+        return _read_eval_file(run, path)
+    return latest if latest is not None and latest.get("split", "test") == split else None
 
 
 def _split_metrics_path(run: RunDir, split: str) -> Path:

@@ -14,7 +14,7 @@ import yaml
 from trainwise.config import RunConfig
 from trainwise.config_diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
-from trainwise.errors import ConfigError, RunDirError, RunDirWarning
+from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.run import RunDir
 from trainwise.run_integrity import CheckpointChoice
@@ -40,10 +40,7 @@ MicroBatchResolver = Callable[[RunConfig], tuple[RunConfig, Any]]
 
 def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = ()) -> Trainer:
     """Seed, build the data (bad labels are refused here), the model and the trainer. Nothing is written."""
-    if config.train.micro_batch_size == "auto":
-        raise ConfigError("train.micro_batch_size=auto is chosen by the planner when a run starts: use "
-                          "`trainwise train`, or call train_run(..., resolve_micro_batch=trainwise.plan."
-                          "auto_micro_batch.resolve_micro_batch), or set a number.")
+    config.train.refuse_unresolved_auto()  # before the data is built
     seed_everything(config.seed)
     bundle = build_data(config)
     check_labels(bundle)

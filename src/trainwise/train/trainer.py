@@ -76,10 +76,7 @@ class Trainer:
             self.run_dir = FollowerRunDir(self.run_dir.path)
 
         train = config.train
-        if train.micro_batch_size == "auto":
-            raise ConfigError("train.micro_batch_size=auto is chosen by `trainwise train` (or "
-                              "trainwise.plan.auto_micro_batch.resolve_micro_batch) before a Trainer is built; "
-                              "give the Trainer a number.")
+        train.refuse_unresolved_auto()
         self.micro_batch_size = train.micro_batch
         per_step = self.micro_batch_size * self.ranks.world_size
         if train.batch_size % per_step:
