@@ -169,6 +169,8 @@ class ShopArgs(BuilderArgs):
     categories: Count = 50
     behaviours: Annotated[bool | None, Field(strict=True), _explained(
         "true, false or null (null: when a prepared log has an event column)")] = None
+    data_seed: Annotated[int | None, Field(strict=True, ge=0, le=2**32 - 1), _explained(
+        "an int from 0 to 2**32-1, or null (null: follow the run's seed)")] = 0
 
 
 MODEL_ARGS: dict[str, type[BuilderArgs]] = {"cnn": CnnArgs, "mlp": MlpArgs, "sasrec": SasrecArgs,

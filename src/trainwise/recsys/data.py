@@ -39,11 +39,16 @@ class SequenceSpec(DataSpec):
 def shop(*, seed: int, val_fraction: float, test_fraction: float, augment: bool = False, path: str | None = None,
          objective: Objective = "next_item", max_len: int = 50, negatives: int = 1, max_eval_queries: int = 5000,
          split: str = "last-k", users: int = 20_000, items: int = 5_000, events: int = 1_000_000,
-         categories: int = 50, behaviours: bool | None = None) -> DataBundle:
+         categories: int = 50, behaviours: bool | None = None, data_seed: int | None = 0) -> DataBundle:
     """Behaviour sequences as a DataBundle; see the module docstring. `users`, `items`, `events` and
     `categories` size the synthetic log and are ignored when `path` names a prepared directory.
     `behaviours`: feed the behaviour types (view, cart, buy) to the model beside the items; default: when a
-    prepared log has them (`trainwise prepare` keeps an `event` column), not on the synthetic log."""
+    prepared log has them (`trainwise prepare` keeps an `event` column), not on the synthetic log.
+    `data_seed` seeds the synthetic log and the held-out samples (evaluation queries, validation negatives). It
+    is fixed by default, apart from the run's `seed` (initialisation, training order and negatives): runs of
+    several seeds (`trainwise ablate --seeds 3`) then train on the same log and are judged on the same queries,
+    and their spread is the training's alone. `data_seed: null` follows `seed`, for a spread over logs too."""
+    seed = seed if data_seed is None else data_seed
     if augment:
         raise ValueError("data.augment: behaviour sequences have no augmentation; set data.augment=false")
     if path:
