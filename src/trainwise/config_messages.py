@@ -48,9 +48,27 @@ def format_validation_error(error: ValidationError, source: str, overrides: list
         description = field_description(".".join(p for p in loc if not p.isdigit()))
         hint = f"\n    ({description})" if description else ""
         lines.append(f"  {where}: {message}{origin}{hint}")
-    header = f"{source}: invalid configuration" if from_recipe else f"invalid override on the command line " \
-             f"(recipe {source})"
-    return "\n".join([header, *lines])
+    return "\n".join([problems_header(source, from_recipe), *lines])
+
+
+def problems_header(source: str, from_recipe: bool) -> str:
+    """Blame the recipe only when one of the problems came from it, not from the command line."""
+    return f"{source}: invalid configuration" if from_recipe else f"invalid override on the command line " \
+           f"(recipe {source})"
+
+
+def name_overrides(problems: list[str], source: str, overrides: list[str] = ()) -> str:
+    """`key: message` lines as one message: a key set on the command line names that override."""
+    given = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+    lines, from_recipe = [], False
+    for line in problems:
+        key, _, message = line.partition(": ")
+        override = _override_of(key.split("."), given) or next(  # an unknown argument below the key
+            (item for name, item in given.items() if name.startswith(f"{key}.")
+             and repr(name[len(key) + 1:].split(".")[0]) in message), None)
+        from_recipe |= override is None
+        lines.append(f"  {key}: {message}" + (f" (given by the override {override!r})" if override else ""))
+    return "\n".join([problems_header(source, from_recipe), *lines])
 
 
 def _override_of(loc: list[str], given: dict[str, str]) -> str | None:

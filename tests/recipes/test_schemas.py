@@ -96,5 +96,9 @@ def test_a_users_factory_gets_its_args_unchecked():
 
 
 def test_load_recipe_checks_the_args_before_anything_is_built():
-    with pytest.raises(ConfigError, match="digits.yaml: invalid configuration\n  model.args.channels"):
+    with pytest.raises(ConfigError, match=r"invalid override on the command line \(recipe .*digits.yaml\)\n"
+                                          r"  model.args.channels: .* \(given by the override 'model.args.channels=7'\)"):
         load_recipe("digits", ["model.args.channels=7"])
+    with pytest.raises(ConfigError, match=r"invalid override .*\n  model.args: din takes no argument 'hiden'. Did you "
+                                          r"mean 'hidden'\?.* \(given by the override 'model.args.hiden=3'\)"):
+        load_recipe("shop-din", ["model.args.hiden=3"])

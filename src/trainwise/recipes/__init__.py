@@ -42,5 +42,5 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RunCon
     """The recipe with overrides applied, validated, including the built-in model's and data's arguments."""
     path = resolve_recipe(name_or_path)
     config = load_config(path, overrides)
-    check_builders(config, source=str(path))
+    check_builders(config, source=str(path), overrides=overrides or [])
     return config

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidato
 from pydantic_core import PydanticCustomError
 
 from trainwise.config import RunConfig
+from trainwise.config_messages import name_overrides
 from trainwise.errors import ConfigError
 
 # Upper bounds only catch typos and integer overflow inside torch; they stay far above what fits, because
@@ -199,9 +200,10 @@ def unknown_builtin(kind: str, name: str | None, factory: str | None) -> str | N
             f"or set {kind}.factory to your own `package.module:function`")
 
 
-def check_builders(config: RunConfig, source: str) -> None:
+def check_builders(config: RunConfig, source: str, overrides: list[str] = ()) -> None:
     """The built-in model and data a config names exist and get arguments of their schemas' shapes; one
-    ConfigError listing every problem, in the form of the config's own (`SOURCE: invalid configuration`)."""
+    ConfigError listing every problem, in the form of the config's own: a key the command line set names its
+    override, else the recipe file (`SOURCE: invalid configuration`)."""
     problems = []
     for kind, section in (("model", config.model), ("data", config.data)):
         unknown = unknown_builtin(kind, section.name, section.factory)
@@ -214,7 +216,7 @@ def check_builders(config: RunConfig, source: str) -> None:
         except ValidationError as error:
             problems += describe_args_error(error, f"{kind}.args").splitlines()
     if problems:
-        raise ConfigError("\n".join([f"{source}: invalid configuration", *(f"  {line}" for line in problems)]))
+        raise ConfigError(name_overrides(problems, source, overrides))
 
 
 def checked_args(schema: type[BuilderArgs] | None, args: dict[str, Any]) -> dict[str, Any]:
