@@ -9,6 +9,8 @@
    A100 with AMP; the H200 target is ≥ 3,500.
 3. GPT-2 small (124M) with torch.compile and bf16 through Trainer.fit(): tokens/s and model FLOPs
    utilisation against the card's dense bf16 peak (H200: 989 TFLOP/s); target ≥ 50% MFU.
+4. The recommenders (benchmarks/recsys.py's throughput): `shop-sasrec` and `shop-din` at the default
+   generator size with the recipes' precision (bf16 on the card), training events/s through the Trainer.
 Beside each: the data-wait share the Trainer measured and the telemetry it recorded (GPU utilisation,
 temperature). Results go to benchmarks/results/gpu.json (gpu_dry_run.json for a dry run).
 """
@@ -102,6 +104,14 @@ def gpt2(tmp: Path, dry: bool, device: str, peak: float | None) -> dict:
     return result
 
 
+def recommenders(tmp: Path, dry: bool, device: str) -> dict:
+    from recsys import throughput
+
+    size = ["data.args.users=200", "data.args.items=100", "data.args.events=5000", "data.args.categories=5",
+            "data.args.max_eval_queries=50"] if dry else []
+    return throughput(size, 3 if dry else 200, device=device, work=tmp / "recsys")
+
+
 def smoke(tmp: Path, dry: bool) -> dict:
     """One rank under torchrun per strategy: the launch path users take, end to end."""
     results = {}
@@ -137,7 +147,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         result = {"card": name, "peak_bf16_flops": peak, "dry_run": args.dry_run, "smoke": smoke(tmp, args.dry_run),
-                  "resnet50": resnet50(tmp, args.dry_run, device), "gpt2": gpt2(tmp, args.dry_run, device, peak)}
+                  "resnet50": resnet50(tmp, args.dry_run, device), "gpt2": gpt2(tmp, args.dry_run, device, peak),
+                  "recsys": recommenders(tmp, args.dry_run, device)}
+    for recipe, figures in result["recsys"].items():
+        print(f"{recipe}: {figures['events_per_s']:,.0f} training events/s")
     measured = {"resnet50_images_per_s": result["resnet50"]["images_per_s"], "gpt2_mfu": result["gpt2"]["mfu"]}
     result["targets"] = TARGETS
     result["meets_targets"] = None if args.dry_run else all(
