@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,18 @@ def build_loader(dataset: Dataset, batch_sampler: Sampler, settings: LoaderSetti
         collate_fn=_pass_through if batched else None,
         generator=generator,  # worker seeds come from here, never from the global RNG
     )
+
+
+def release_workers(loader: Iterable) -> None:
+    """Stop a DataLoader's persistent worker processes now. Left to the garbage collector (a trainer is
+    freed with its reference cycles), the workers missed their stop message and were joined only after
+    torch's 5 s timeout each: a 10 s stall at some later collection. The next `iter(loader)` starts fresh
+    workers. `_shutdown_workers` is torch's own shutdown, the one its finaliser calls; there is no public
+    handle."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and callable(getattr(iterator, "_shutdown_workers", None)):
+        iterator._shutdown_workers()
+        loader._iterator = None  # type: ignore[attr-defined]
 
 
 class PrefetchingLoader:

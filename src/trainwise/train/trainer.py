@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
-from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings
+from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import ConfigError, RunDirWarning, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
@@ -146,7 +146,10 @@ class Trainer:
         self.callbacks.on_fit_start(self)
         try:
             with GracefulStop() as self._stop:  # the handler only sets a flag; the loop acts on it
-                self._loop()
+                try:
+                    self._loop()
+                finally:
+                    release_workers(self.loader)
         except KeyboardInterrupt:
             message = (f"aborted by a second Ctrl-C during step {self.step + 1}; the last checkpoint is kept. "
                        f"Continue with: trainwise resume {self.run_dir.path}")
