@@ -139,7 +139,7 @@ def throughput(size: list[str], steps: int, *, device: str = "cpu", precision: s
             out[recipe] = {"events_per_s": statistics.median(rates) * per_sample,
                            "samples_per_s": statistics.median(rates), "events_per_sample": per_sample,
                            "batch_size": config.train.batch_size, "steps": steps, "device": device,
-                           "precision": resolve_precision(config.train.precision, torch.device(device)).name,
+                           "precision": resolve_precision(config.train.precision, torch.device(device)),
                            "torch_threads": torch.get_num_threads()}
     return out
 

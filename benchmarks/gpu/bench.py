@@ -118,7 +118,7 @@ def smoke(tmp: Path, dry: bool) -> dict:
     for strategy in ("ddp", "fsdp"):
         out = tmp / f"smoke-{strategy}"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                   "-m", "trainwise", "train", "digits", "--out", str(out), "train.max_steps=40",
+                   "-m", "trainwise", "train", "digits", "--out", str(out), *(["train.max_steps=5", "schedule.warmup_steps=1"] if dry else ["train.max_steps=40"]),
                    f"train.strategy={strategy}", "telemetry.enabled=false"] + (["train.device=cpu"] if dry else [])
         done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -23,3 +23,7 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     assert result["gpt2"]["model_flops_per_token"] > 6 * result["gpt2"]["setup"]["parameters"] * 0.5
     assert 0 <= result["resnet50"]["data_wait_fraction"] <= 1
     assert result["resnet50"]["telemetry"]["samples"] >= 1  # telemetry was recorded with the run
+    for recipe in ("shop-sasrec", "shop-din"):  # the recommenders' training events/s through the Trainer
+        figures = result["recsys"][recipe]
+        assert figures["events_per_s"] > 0 and figures["precision"] == "fp32" and figures["steps"] == 3
+    assert result["recsys"]["shop-din"]["events_per_sample"] == 1 / 5  # one real event per 1 + 4 negatives
