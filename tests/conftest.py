@@ -30,13 +30,13 @@ def tiny_config(**sections) -> RunConfig:
     return config_from_dict(raw, source="test")
 
 
-def train_until_killed(args: list[str], out: Path, reached) -> None:
+def train_until_killed(args: list[str], out: Path, reached, env: dict | None = None) -> None:
     """`trainwise train ARGS --out OUT` in a process of its own, SIGKILLed once `reached()` (or after 120 s,
     or when it ended by itself)."""
     import signal
     import time
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
     with subprocess.Popen([sys.executable, "-m", "trainwise", "train", *args, "--out", str(out)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         deadline = time.time() + 120
@@ -57,13 +57,37 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def wide_terminal(monkeypatch):
+    """The 200 columns run_cli gives its subprocess, for `invoke` in this one: Rich wraps nothing."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a subprocess's share of the tiny models' CPU, as `one_thread` is in process
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared CPU: threads only fight over the cores. A test that compares bits between this
+    process and a subprocess pins both to one thread (the subprocess with ONE_THREAD)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class CliResult:
     def __init__(self, returncode: int, stdout: str, stderr: str):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def invoke(capsys, *args: str) -> CliResult:
-    """Run the CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
+def invoke(capsys, *args: str, show_warnings: bool = False) -> CliResult:
+    """Run the CLI in this process (no interpreter start-up): exit code, stdout, stderr. pytest records the
+    warnings a test raises; `show_warnings` prints them on stderr instead, where the CLI's user sees them."""
+    import warnings
+
     from trainwise.cli import main
 
     capsys.readouterr()
@@ -71,7 +95,12 @@ def invoke(capsys, *args: str) -> CliResult:
     sys.argv = ["trainwise", *args]
     code = 0
     try:
-        main()
+        with warnings.catch_warnings():
+            if show_warnings:
+                warnings.simplefilter("default")  # a fresh interpreter's filter for them: each place once
+                warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+                    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+            main()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:

@@ -6,7 +6,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import train_until_killed, run_cli
+from tests.conftest import ONE_THREAD, invoke, train_until_killed
 
 # checkpoints every 6 steps, three kept, so the one before `last` is there to fall back to
 ARGS = ["breast-cancer", "train.max_steps=72", "train.log_every=1", "eval.every_steps=12",
@@ -22,12 +22,13 @@ def _checkpointed_step(run_dir) -> int:
 
 
 @pytest.mark.slow
-def test_a_killed_run_with_a_zeroed_last_checkpoint_resumes_from_the_one_before_to_the_same_weights(tmp_path):
-    straight = tmp_path / "straight"
-    assert run_cli("train", *ARGS, "--out", str(straight)).returncode == 0
+def test_a_killed_run_with_a_zeroed_last_checkpoint_resumes_from_the_one_before_to_the_same_weights(tmp_path, capsys,
+                                                                                                 one_thread):
+    straight = tmp_path / "straight"  # this process and the killed one on one thread each: the same arithmetic
+    assert invoke(capsys, "train", *ARGS, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
-    train_until_killed(ARGS, killed, lambda: _checkpointed_step(killed) >= 24)
+    train_until_killed(ARGS, killed, lambda: _checkpointed_step(killed) >= 24, env=ONE_THREAD)
     at = _checkpointed_step(killed)
     assert 24 <= at < 72, f"the kill should land mid-run, it landed after checkpoint {at}"
 
@@ -36,7 +37,7 @@ def test_a_killed_run_with_a_zeroed_last_checkpoint_resumes_from_the_one_before_
     raw[1000:6000] = bytes(5000)  # torch would load this without a word; only the checksum tells
     last.write_bytes(bytes(raw))  # in place: `last` and its step file are one file
 
-    resumed = run_cli("resume", str(killed))
+    resumed = invoke(capsys, "resume", str(killed), show_warnings=True)
     assert resumed.returncode == 0, resumed.stderr
     said = " ".join((resumed.stdout + resumed.stderr).split())
     assert "checkpoints/last.pt is damaged" in said

@@ -7,38 +7,46 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT
 from trainwise.errors import RunDirError, RunInUseError
 from trainwise.run import RunDir
 
-_HOLD = """
-import sys, time
-from trainwise.run import RunDir
-run = RunDir(sys.argv[1]).acquire_writer()
-run.log_metrics({"split": "train", "step": 1})
-print("holding", flush=True)
-time.sleep(120)
-"""
-
 
 @pytest.fixture
 def other_writer(tmp_path):
-    """Start another process that writes tmp_path/run and keeps it; yields (run path, process)."""
+    """Another process that writes tmp_path/run and keeps it; yields (run path, process). It is forked from this
+    one (no interpreter start, torch already imported) and touches nothing but the run's files."""
     path = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    ready, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other process: take the run, say so, hold it until killed
+        code = 1
+        try:
+            os.close(ready)
+            run = RunDir(path).acquire_writer()
+            run.log_metrics({"split": "train", "step": 1})
+            os.write(told, b"holding")
+            time.sleep(120)
+            code = 0
+        finally:
+            os._exit(code)  # never back into pytest
+    os.close(told)
+    proc = psutil.Process(pid)
     try:
-        assert proc.stdout.readline().strip() == "holding"
+        with os.fdopen(ready, "rb") as said:
+            assert said.read(7) == b"holding"
         yield path, proc
     finally:
-        proc.kill()
-        proc.wait()
+        if proc.is_running():  # a zombie too: killed (a no-op) and reaped
+            proc.kill()
+            proc.wait()
 
 
-@pytest.mark.slow  # another interpreter, importing torch
 def test_a_second_process_is_refused_and_told_who_holds_the_run(other_writer):
     path, proc = other_writer
     run = RunDir(path)
@@ -53,7 +61,6 @@ def test_a_second_process_is_refused_and_told_who_holds_the_run(other_writer):
     assert run.metrics_path.read_text() == before
 
 
-@pytest.mark.slow  # another interpreter, importing torch
 def test_readers_do_not_take_the_lock_and_see_the_run_is_live(other_writer):
     path, proc = other_writer
     reader = RunDir(path)
@@ -115,7 +122,6 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_writer_or_an_eval
     assert not leftover.exists()
 
 
-@pytest.mark.slow  # another interpreter, importing torch
 def test_a_reader_leaves_the_temp_files_of_a_live_writer(other_writer):
     path, _ = other_writer
     in_flight = path / ".summary.json.abc123.tmp"

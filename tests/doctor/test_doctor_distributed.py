@@ -158,12 +158,14 @@ def test_the_cli_checks_a_recorded_machine_for_n_ranks():
 
 
 @pytest.mark.slow
-def test_inside_a_launched_job_the_doctor_checks_the_job_by_itself(tmp_path):
-    from tests.conftest import run_cli
+def test_inside_a_launched_job_the_doctor_checks_the_job_by_itself(tmp_path, capsys, monkeypatch, wide_terminal):
+    from tests.conftest import invoke
 
     launched = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "LOCAL_RANK": "1",
                 "GLOO_SOCKET_IFNAME": "no_such_if0"}  # what torchrun sets, plus a typo'd interface
-    result = run_cli("doctor", "--json", "--data-dir", str(tmp_path), env=launched)
+    for name, value in launched.items():  # in this process's environment for the command, as a rank's
+        monkeypatch.setenv(name, value)
+    result = invoke(capsys, "doctor", "--json", "--data-dir", str(tmp_path))
     found = {f["code"]: f for f in json.loads(result.stdout)}
     assert found["ranks_and_gpus"]["evidence"]["nproc"] == 2 and found["ranks_and_gpus"]["evidence"]["nnodes"] == 2
     assert found["gloo_socket_ifname"]["severity"] == "error" and result.returncode == 1

@@ -1,12 +1,11 @@
 """`trainwise doctor` as a user runs it: on recorded machines, on this machine, and with bad input."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import invoke
 from trainwise.cli import app
 from trainwise.errors import ConfigError
 
@@ -57,15 +56,13 @@ def test_doctor_on_this_machine_records_its_facts(tmp_path):
 
 
 @pytest.mark.slow
-def test_exit_codes_bad_input_2_failing_check_1(tmp_path):
+def test_exit_codes_bad_input_2_failing_check_1(tmp_path, capsys):
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    done = subprocess.run([sys.executable, "-m", "trainwise", "doctor", "--data-dir", str(a_file)],
-                          capture_output=True, text=True, timeout=120)
+    done = invoke(capsys, "doctor", "--data-dir", str(a_file))  # cli.main, as `trainwise` runs it
     assert done.returncode == 2, done.stderr
     assert "must be a directory" in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
-    failing = subprocess.run([sys.executable, "-m", "trainwise", "doctor", "--facts", str(FACTS / "t4_old_driver.json")],
-                             capture_output=True, text=True, timeout=120)
+    failing = invoke(capsys, "doctor", "--facts", str(FACTS / "t4_old_driver.json"))
     assert failing.returncode == 1 and "driver too old" in failing.stdout
 
 

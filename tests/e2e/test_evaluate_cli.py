@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import invoke
 from trainwise.cli import app
 from trainwise.errors import TrainwiseError
 
@@ -17,16 +16,11 @@ FAST = ["train.max_steps=12", "schedule.warmup_steps=2", "eval.every_steps=6", "
 runner = CliRunner()
 
 
-def trainwise(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainwise", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "bc"
-    done = trainwise("train", "breast-cancer", *FAST, "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    done = runner.invoke(app, ["train", "breast-cancer", *FAST, "--out", str(out)])
+    assert done.exit_code == 0, done.output
     return out
 
 
@@ -51,9 +45,8 @@ def test_eval_report_compare(run_dir, tmp_path):
     assert comparison["config_differences"] == {} and comparison["metrics"]["status"] == ["completed"] * 2
 
 
-@pytest.mark.slow  # an interpreter start with torch: seconds on a loaded 2-core machine
-def test_bad_input_exits_2_with_the_reason(tmp_path):
-    done = trainwise("eval", str(tmp_path / "missing"))
+def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
+    done = invoke(capsys, "eval", str(tmp_path / "missing"))  # cli.main, as `trainwise` runs it
     assert done.returncode == 2 and "not a run directory" in done.stderr and "Traceback" not in done.stderr
     # the same error family, in process (cli.main turns each into exit code 2)
     result = runner.invoke(app, ["ablate", "breast-cancer", "--vary", "optim.learning_rate=1", "--out",

@@ -1,12 +1,16 @@
 """`trainwise train ... --nproc N` starts the ranks through PyTorch's launcher: the same job as one process
 with the same global batch, one writer, and the launch options checked before anything starts."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import invoke, run_cli
+from tests.conftest import ONE_THREAD, ROOT, invoke
+from tests.train.test_fsdp import _finish
 from trainwise.train.launch import Launch
 
 ARGS = ["breast-cancer", "train.max_steps=12", "schedule.warmup_steps=3", "train.batch_size=32",
@@ -15,11 +19,16 @@ ARGS = ["breast-cancer", "train.max_steps=12", "schedule.warmup_steps=3", "train
 
 
 @pytest.mark.slow
-def test_nproc_2_trains_the_same_weights_as_one_process(tmp_path):
+def test_nproc_2_trains_the_same_weights_as_one_process(tmp_path, capsys, one_thread):
     single, ranks = tmp_path / "single", tmp_path / "ranks"
-    assert run_cli("train", *ARGS, "--out", str(single)).returncode == 0
-    done = run_cli("train", *ARGS, "--out", str(ranks), "--nproc", "2", env={"OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the launcher in a process of its own (it starts torchrun's agent in the process it runs in); the one
+    # process to compare with trains here meanwhile
+    launched = subprocess.Popen([sys.executable, "-m", "trainwise", "train", *ARGS, "--out", str(ranks),
+                                 "--nproc", "2"], env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **ONE_THREAD},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert invoke(capsys, "train", *ARGS, "--out", str(single)).returncode == 0
+    code, output = _finish(launched, timeout=300)
+    assert code == 0, output[-3000:]
     summary = json.loads((ranks / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 12
     started = [json.loads(line) for line in (ranks / "events.jsonl").read_text().splitlines()

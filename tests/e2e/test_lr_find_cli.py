@@ -20,9 +20,9 @@ def no_loss_data(seed: int):
                                                                      task="embedding"))  # type: ignore[arg-type]
 
 
-def test_lr_find_writes_the_curve_and_prints_an_override_train_accepts(cli, tmp_path):
+def test_lr_find_writes_the_curve_and_prints_an_override_train_accepts(capsys, wide_terminal, tmp_path):
     out = tmp_path / "lr"
-    result = cli("lr-find", "breast-cancer", *SMALL, "--out", str(out), "--steps", "30", "--max-lr", "100")
+    result = invoke(capsys, "lr-find", "breast-cancer", *SMALL, "--out", str(out), "--steps", "30", "--max-lr", "100")
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "lr_find.json").read_text())
     assert record["override"] in result.stdout and record["override"].startswith("optim.lr=")

@@ -10,21 +10,24 @@ import sys
 import time
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.conftest import ROOT, invoke, run_cli
+from tests.conftest import ROOT, invoke
+from trainwise.cli import app
 from trainwise.errors import RunDirWarning
 from trainwise.run import RunDir
 
 FAST = ["train.max_steps=12", "schedule.warmup_steps=2", "eval.every_steps=4", "train.log_every=3",
         "telemetry.enabled=false", "eval.early_stopping.enabled=false", "checkpoint.keep_last=2"]
-pytestmark = pytest.mark.slow  # a training run, and `python -m trainwise` started with torch
+pytestmark = [pytest.mark.slow,  # a training run, and `python -m trainwise` started with torch
+              pytest.mark.usefixtures("wide_terminal")]  # one error line is one line, as run_cli's
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "bc"
-    done = run_cli("train", "breast-cancer", *FAST, "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(app, ["train", "breast-cancer", *FAST, "--out", str(out)])  # in this process
+    assert done.exit_code == 0, done.output
     return out
 
 
@@ -44,9 +47,9 @@ def _one_line_error(result, *needles: str) -> None:
         assert needle in last, last
 
 
-def test_eval_of_a_run_whose_config_is_not_text_exits_2_in_one_line(run):
+def test_eval_of_a_run_whose_config_is_not_text_exits_2_in_one_line(run, capsys):
     run.config_path.write_bytes(b"\xff" + run.config_path.read_bytes())
-    _one_line_error(run_cli("eval", str(run.path)), "config.yaml is damaged", "not text")
+    _one_line_error(invoke(capsys, "eval", str(run.path)), "config.yaml is damaged", "not text")
 
 
 def test_eval_of_overwritten_final_weights_exits_2_in_one_line(run, capsys):
@@ -82,11 +85,11 @@ def test_report_of_a_run_with_damaged_side_files_still_writes_and_lists_them(run
     assert "summary.json is damaged" in text and "metrics.jsonl:" in text and "events.jsonl:" in text
 
 
-def test_training_into_a_full_disk_fails_cleanly(tiny_disk):
+def test_training_into_a_full_disk_fails_cleanly(tiny_disk, capsys):
     out = tiny_disk / "run"
     big = ["model.args.hidden=[256,256]", "train.max_steps=40", "eval.every_steps=5", "checkpoint.keep_last=5",
            "telemetry.enabled=false", "eval.early_stopping.enabled=false"]  # ~0.9 MB checkpoints, 3 MiB disk
-    result = run_cli("train", "breast-cancer", *big, "--out", str(out))
+    result = invoke(capsys, "train", "breast-cancer", *big, "--out", str(out))
     _one_line_error(result, "no space left on", "MiB free, a checkpoint needs", "trainwise resume")
     run = RunDir(out)
     summary = run.read_summary()
@@ -98,7 +101,7 @@ def test_training_into_a_full_disk_fails_cleanly(tiny_disk):
     shutil.rmtree(out)  # the tmpfs is unmounted lazily; leave it empty
 
 
-def test_a_second_resume_of_a_run_being_resumed_is_refused(trained, tmp_path):
+def test_a_second_resume_of_a_run_being_resumed_is_refused(trained, tmp_path, capsys):
     copy = tmp_path / "bc"
     shutil.copytree(trained, copy)
     run = RunDir(copy)
@@ -111,10 +114,12 @@ def test_a_second_resume_of_a_run_being_resumed_is_refused(trained, tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
-        while run.live_writer() is None and first.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
+        # it holds the run, and has said so in summary.json (the refusal below comes at once, in this process)
+        while (run.live_writer() is None or run.read_summary().get("status") != "running") \
+                and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
         assert run.live_writer().pid == first.pid
-        second = run_cli("resume", str(copy))
+        second = invoke(capsys, "resume", str(copy))  # here: another process than the one that holds the run
         _one_line_error(second, f"is in use by pid {first.pid} on", "since")
         assert "still being trained" in run.liveness_note()
     finally:

@@ -15,9 +15,9 @@ def _refused(result, *phrases):
         assert phrase in result.stderr, f"{phrase!r} not in:\n{result.stderr}"
 
 
-def test_train_writes_the_run_directory(tmp_path):
+def test_train_writes_the_run_directory(tmp_path, capsys):
     out = tmp_path / "bc"
-    result = run_cli("train", "breast-cancer", *FAST, "--out", str(out))
+    result = invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "completed after 30 steps" in result.stdout
     for name in ("config.yaml", "metrics.jsonl", "events.jsonl", "summary.json", "model.safetensors"):

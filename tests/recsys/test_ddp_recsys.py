@@ -2,15 +2,13 @@
 accumulating the same micro-batches: the windows and the click pairs (with their on-the-fly negatives) are split
 between the ranks, not duplicated or drawn differently."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import invoke
+from tests.train.test_fsdp import _finish, _torchrun
 
 TINY = ["data.args.users=200", "data.args.items=100", "data.args.events=5000", "data.args.categories=5",
         "data.args.max_eval_queries=50", "train.max_steps=6", "train.epochs=null", "schedule.warmup_fraction=0.2",
@@ -20,14 +18,13 @@ TINY = ["data.args.users=200", "data.args.items=100", "data.args.events=5000", "
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["shop-din", "shop-sasrec"])
-def test_two_ranks_train_like_one_process(tmp_path, recipe):
+def test_two_ranks_train_like_one_process(tmp_path, capsys, recipe):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    assert run_cli("train", recipe, *TINY, "--out", str(single)).returncode == 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "trainwise", "train", recipe, *TINY, "train.strategy=ddp", "--out", str(ddp)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    job = _torchrun("train", recipe, *TINY, "train.strategy=ddp", "--out", str(ddp))
+    trained = invoke(capsys, "train", recipe, *TINY, "--out", str(single))  # here, while the job runs
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    code, output = _finish(job, timeout=300)
+    assert code == 0, output[-3000:]
     assert json.loads((ddp / "summary.json").read_text())["steps"] == 6
     losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
                if json.loads(line)["split"] == "train"] for run in (single, ddp)]

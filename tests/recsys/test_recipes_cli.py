@@ -4,12 +4,11 @@ import json
 
 import pytest
 
-from tests.conftest import invoke, run_cli
+from tests.conftest import invoke
 
 TINY = ["data.args.users=150", "data.args.items=100", "data.args.events=5000", "data.args.categories=5",
         "train.max_steps=20", "train.batch_size=32", "eval.every_steps=10", "train.log_every=10",
         "telemetry.enabled=false"]
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models on a shared CPU: threads only fight over the cores
 
 
 def _ok(result):
@@ -68,19 +67,19 @@ def test_recipe_trains_and_evaluates_with_full_ranking(tmp_path, capsys, one_thr
             assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad
 
 
-def test_a_prepared_shop_export_trains_through_data_path(tmp_path):
+def test_a_prepared_shop_export_trains_through_data_path(tmp_path, capsys, one_thread):
     from trainwise.recsys.generator import generate_shop_log
 
     log = generate_shop_log(users=120, items=80, events=3000, categories=4, seed=2)
     source = log.write_csv(tmp_path / "events.csv")
     prepared, run = tmp_path / "prepared", tmp_path / "run"
-    _ok(run_cli("prepare", str(source), "--to", str(prepared), "--split", "last-k", env=ONE_THREAD))
-    _ok(run_cli("train", "shop-sasrec", "--out", str(run), f"data.path={prepared}", *TINY[4:], env=ONE_THREAD))
-    result = json.loads(_ok(run_cli("eval", str(run), "--json", env=ONE_THREAD)).stdout)
+    _ok(invoke(capsys, "prepare", str(source), "--to", str(prepared), "--split", "last-k"))
+    _ok(invoke(capsys, "train", "shop-sasrec", "--out", str(run), f"data.path={prepared}", *TINY[4:]))
+    result = json.loads(_ok(invoke(capsys, "eval", str(run), "--json")).stdout)
     assert result["items"] == len(set(log.item.tolist())) and result["samples"] == 120
     # raw ids in and out, through the mapping prepare saved
     user = int(log.user[-1])
-    answer = json.loads(_ok(run_cli("recommend", str(run), "--user", str(user), "--json", env=ONE_THREAD)).stdout)
+    answer = json.loads(_ok(invoke(capsys, "recommend", str(run), "--user", str(user), "--json")).stdout)
     assert answer["known"]
     assert answer["history"] == log.item[log.user == user].tolist()[-50:]
     assert {r["item"] for r in answer["recommendations"]} <= set(log.item.tolist())

@@ -2,6 +2,7 @@
 same way and retries the same samples, during the guarded steps (train/recovery.py); after them the loop reads
 nothing from the device between settle points."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,27 +19,39 @@ from trainwise.train.recovery import GUARDED_STEPS
 WORKER = ROOT / "tests" / "train" / "ddp_oom_worker.py"
 
 
-def _launch(out, *args):
+def _start(out, *args) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(WORKER), str(out), *map(str, args)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    return _finish(proc, timeout=240)  # a hang fails the test (and ends the job) instead of waiting
-
-
-def _two_ranks(out, micro_batch_size, limit):
-    code, output = _launch(out, micro_batch_size, limit)
-    assert code == 0, output[-4000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def jobs(tmp_path_factory):
+    """The module's three jobs, started at once so that their interpreter starts overlap; each test ends the
+    ones it reads (a hang fails it, and ends the job, instead of waiting). Per rank 16 samples a step:
+    - recovered: rank 1 holds 4 at most, so 16 -> 8 -> 4, agreed by both ranks;
+    - reference: micro-batch 4 from the start;
+    - late: rank 1's 8th forward (step 8, past the guarded steps) runs out of memory."""
     base = tmp_path_factory.mktemp("ddp_oom")
-    # per rank 16 samples a step; rank 1 holds 4 at most: 16 -> 8 -> 4, agreed by both ranks
-    recovered = _two_ranks(base / "recovered", micro_batch_size=16, limit=4)
-    reference = _two_ranks(base / "reference", micro_batch_size=4, limit=4)
+    started = {"recovered": _start(base / "recovered", 16, 4), "reference": _start(base / "reference", 4, 4),
+               "late": _start(base / "late", 16, 16, 8)}
+    yield base, started
+    for job in started.values():  # the ones a deselected test never waited for
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+
+
+@pytest.fixture(scope="module")
+def runs(jobs):
+    base, started = jobs
+    ended = {name: _finish(started[name], timeout=240) for name in ("recovered", "reference")}
+    for name, (code, output) in ended.items():
+        assert code == 0, (name, output[-4000:])
+    recovered, reference = ([torch.load(base / name / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+                            for name in ended)
     return base, recovered, reference
 
 
@@ -85,14 +98,15 @@ def test_guarded_steps_read_one_flag_each_and_the_steady_state_reads_nothing(run
 
 
 @pytest.mark.slow
-def test_out_of_memory_after_the_guarded_steps_stops_every_rank_with_the_reason(tmp_path):
+def test_out_of_memory_after_the_guarded_steps_stops_every_rank_with_the_reason(jobs):
     """Past the guarded steps DDP's all-reduce runs inside backward: no agreement is possible, so the rank
     that ran out of memory says why and stops, and its peer stops on the lost-peer path: no hang."""
-    code, output = _launch(tmp_path, 16, 16, 8)  # rank 1's 8th forward (step 8) runs out of memory
+    base, started = jobs
+    code, output = _finish(started["late"], timeout=240)  # rank 1's 8th forward (step 8) runs out of memory
     assert code != 0
     assert "out of memory on rank 1 at step 8" in output and "cannot agree on a smaller" in output, output[-4000:]
     assert "trainwise resume" in output
-    run = RunDir(tmp_path / "run")
+    run = RunDir(base / "late" / "run")
     summary = run.read_summary()  # rank 0 writes it: its peer is gone, and it says which
     assert summary["status"] == "failed" and "rank 1 of this 2-rank job stopped answering" in summary["message"]
     assert read_checkpoint(run.checkpoint_path("last"))["step"] == 6  # the last checkpoint is intact

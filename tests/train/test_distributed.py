@@ -1,14 +1,12 @@
 """torchrun with two CPU ranks (Gloo): the same update as one process accumulating the same micro-batches."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import invoke
+from tests.train.test_fsdp import _finish, _torchrun
 from trainwise.train.sampler import ResumableBatchSampler
 
 ARGS = ["breast-cancer", "train.max_steps=20", "schedule.warmup_steps=5", "train.batch_size=32", "train.micro_batch_size=16",
@@ -24,15 +22,12 @@ def test_ranks_split_each_epoch_between_them():
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_match_one_process(tmp_path):
-    single = tmp_path / "single"
-    assert run_cli("train", *ARGS, "--out", str(single)).returncode == 0
-    ddp = tmp_path / "ddp"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "trainwise", "train", *ARGS, "--out", str(ddp)],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_torchrun_two_ranks_match_one_process(tmp_path, capsys, one_thread):
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    job = _torchrun("train", *ARGS, "--out", str(ddp))
+    assert invoke(capsys, "train", *ARGS, "--out", str(single)).returncode == 0  # here, while the job runs
+    code, output = _finish(job, timeout=300)
+    assert code == 0, output[-3000:]
     summary = json.loads((ddp / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 20
     train_lines = [json.loads(line) for line in (ddp / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import train_until_killed, run_cli
+from tests.conftest import ONE_THREAD, invoke, train_until_killed
 from trainwise.train.sampler import ResumableBatchSampler
 
 # dropout + augmentation exercise the RNG; checkpoints every 7 steps land at odd places
@@ -22,17 +22,17 @@ def _last_logged_step(run_dir):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(tmp_path):
-    straight = tmp_path / "straight"
-    assert run_cli("train", *ARGS, "--out", str(straight)).returncode == 0
+def test_sigkill_then_resume_is_bit_identical(tmp_path, capsys, one_thread):
+    straight = tmp_path / "straight"  # this process and the killed one on one thread each: the same arithmetic
+    assert invoke(capsys, "train", *ARGS, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
-    train_until_killed(ARGS, killed, lambda: _last_logged_step(killed) >= 45)
+    train_until_killed(ARGS, killed, lambda: _last_logged_step(killed) >= 45, env=ONE_THREAD)
     killed_at = _last_logged_step(killed)
     assert 45 <= killed_at < 90, f"the kill should land mid-run, it landed after step {killed_at}"
     assert json.loads((killed / "summary.json").read_text())["status"] == "running"
 
-    resumed = run_cli("resume", str(killed))
+    resumed = invoke(capsys, "resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     assert a.keys() == b.keys()

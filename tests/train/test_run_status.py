@@ -2,6 +2,7 @@
 with the command that continues it, the final save can be cut anywhere and resumed to the same weights, and
 `eval --checkpoint final` evaluates the final step's weights even when early stopping restored the best."""
 import json
+import shutil
 
 import pytest
 from safetensors.torch import load_file
@@ -14,6 +15,20 @@ KILL_ARGS = ["breast-cancer", "train.max_steps=100000", "train.log_every=1", "ev
              "eval.every_epoch=false", "checkpoint.every_steps=4", "telemetry.enabled=false"]
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`trained(make_config, to)`: a copy at `to` of the run `make_config()` trains, trained once a module."""
+    runs = {}
+
+    def copy(make_config, to):
+        if make_config not in runs:
+            runs[make_config] = train_run(make_config(), tmp_path_factory.mktemp("trained") / "run").path
+        shutil.copytree(runs[make_config], to)
+        return RunDir.open(to)
+
+    return copy
+
+
 def _summary(out):
     try:
         return json.loads((out / "summary.json").read_text())
@@ -22,7 +37,8 @@ def _summary(out):
 
 
 @pytest.mark.slow
-def test_a_sigkilled_run_shows_its_progress_and_reads_as_interrupted_with_the_resume_command(tmp_path, capsys):
+def test_a_sigkilled_run_shows_its_progress_and_reads_as_interrupted_with_the_resume_command(tmp_path, capsys,
+                                                                                             trained):
     out = tmp_path / "killed"
     train_until_killed(KILL_ARGS, out, lambda: _summary(out).get("steps", 0) >= 8)
 
@@ -45,7 +61,7 @@ def test_a_sigkilled_run_shows_its_progress_and_reads_as_interrupted_with_the_re
     assert "interrupted" in text.stdout and resume in " ".join(text.stdout.split())
 
     other = tmp_path / "done"
-    train_run(tiny_config(), other)
+    trained(tiny_config, other)
     compared = invoke(capsys, "compare", str(out), str(other), "--json")
     assert compared.returncode == 0, compared.stderr
     result = json.loads(compared.stdout)
@@ -98,8 +114,8 @@ def _early_stopping_config():
 
 @pytest.mark.parametrize("make_config", [tiny_config, _early_stopping_config], ids=["to_the_end", "early_stop"])
 def test_a_second_ctrl_c_in_the_final_save_leaves_a_run_that_resumes_to_the_same_weights(tmp_path, monkeypatch,
-                                                                                         make_config):
-    straight = train_run(make_config(), tmp_path / "straight")
+                                                                                         make_config, trained):
+    straight = trained(make_config, tmp_path / "straight")
     expected = _summary(straight.path)
 
     real_write_model = RunDir.write_model
@@ -125,8 +141,9 @@ def test_a_second_ctrl_c_in_the_final_save_leaves_a_run_that_resumes_to_the_same
     _assert_same_weights(_weights(straight.path), _weights(cut))
 
 
-def test_a_kill_in_the_final_save_leaves_the_checkpointed_state_and_resume_completes_it(tmp_path, monkeypatch):
-    straight = train_run(tiny_config(), tmp_path / "straight")
+def test_a_kill_in_the_final_save_leaves_the_checkpointed_state_and_resume_completes_it(tmp_path, monkeypatch,
+                                                                                       trained):
+    straight = trained(tiny_config, tmp_path / "straight")
 
     class Killed(Exception):
         """What a reader sees after a SIGKILL here: nothing past the last write happened."""
@@ -170,10 +187,10 @@ def test_a_resumed_run_counts_the_wall_time_of_its_earlier_sessions(tmp_path):
     assert _summary(out)["timings"]["wall_s"] > first["timings"]["wall_s"]
 
 
-def test_eval_final_evaluates_the_final_step_when_early_stopping_restored_the_best(tmp_path, capsys):
+def test_eval_final_evaluates_the_final_step_when_early_stopping_restored_the_best(tmp_path, capsys, trained):
     from trainwise.evaluate.run_eval import evaluate_run
 
-    run = train_run(_early_stopping_config(), tmp_path / "run")
+    run = trained(_early_stopping_config, tmp_path / "run")
     summary = _summary(run.path)
     assert summary["restored_best"] and summary["best"]["step"] == 2 and summary["steps"] == 6
 
@@ -194,19 +211,19 @@ def test_eval_final_evaluates_the_final_step_when_early_stopping_restored_the_be
     assert "best weights (step 2)" in shown.stdout
 
 
-def test_eval_final_without_a_restore_reads_the_final_weights_and_their_step(tmp_path):
+def test_eval_final_without_a_restore_reads_the_final_weights_and_their_step(tmp_path, trained):
     from trainwise.evaluate.run_eval import evaluate_run
 
-    run = train_run(tiny_config(), tmp_path / "run")
+    run = trained(tiny_config, tmp_path / "run")
     final = evaluate_run(run, split="val", checkpoint="final")
     assert final["step"] == 30 and final["weights"] == str(run.model_path)
 
 
-def test_eval_final_says_so_when_the_final_step_weights_are_gone(tmp_path):
+def test_eval_final_says_so_when_the_final_step_weights_are_gone(tmp_path, trained):
     from trainwise.errors import RunDirError
     from trainwise.evaluate.run_eval import evaluate_run
 
-    run = train_run(_early_stopping_config(), tmp_path / "run")
+    run = trained(_early_stopping_config, tmp_path / "run")
     for _, path in run.step_checkpoints():
         path.unlink()
     run.checkpoint_path("last").unlink()
