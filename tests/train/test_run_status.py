@@ -148,13 +148,12 @@ def test_a_kill_in_the_final_save_leaves_the_checkpointed_state_and_resume_compl
     class Killed(Exception):
         """What a reader sees after a SIGKILL here: nothing past the last write happened."""
 
-    def killed(self, *args, **kwargs):
-        raise Killed
-
     real_write_summary = RunDir.write_summary
+    dead = []
 
     def write_summary(self, summary):
-        if summary["status"] == "completed":
+        if summary["status"] == "completed" or dead:  # killed here: no later write happens either
+            dead.append(summary["status"])
             raise Killed
         real_write_summary(self, summary)
 
@@ -164,6 +163,7 @@ def test_a_kill_in_the_final_save_leaves_the_checkpointed_state_and_resume_compl
         train_run(tiny_config(), cut)
     summary = _summary(cut)
     assert summary["status"] == "running" and summary["steps"] == 30 and summary["last_checkpoint_step"] == 30
+    assert dead == ["completed", "failed"]  # (a process that lived on would have said `failed`)
 
     monkeypatch.setattr(RunDir, "write_summary", real_write_summary)
     resume_run(cut)

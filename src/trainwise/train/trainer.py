@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -157,12 +157,7 @@ class Trainer:
             self.callbacks.on_fit_end(self, summary)
             raise
         except BaseException as error:
-            failure = peer_lost(error, self.ranks, self.step + 1) or error  # not the model's fault: say whose
-            summary = self._write_summary("failed", started, message=record_failure(self.run_dir, failure, self.step))
-            self.callbacks.on_fit_end(self, summary)
-            if failure is error:
-                raise
-            raise failure from error
+            self._fail(error, started, during_step=self.step + 1)
         return self._finish(started)
 
     def checkpoint_bytes(self) -> int:
@@ -359,8 +354,19 @@ class Trainer:
             summary = self._write_summary("stopped", started, message=message)
             self.callbacks.on_fit_end(self, summary)
             raise
+        except BaseException as error:  # a peer lost during the final (collective) save, a disk that fills
+            self._fail(error, started, during_step=self.step)
         self.callbacks.on_fit_end(self, summary)
         return summary
+
+    def _fail(self, error: BaseException, started: float, *, during_step: int) -> NoReturn:
+        """Record why the run failed (the summary says `failed` with the cause), then raise it."""
+        failure = peer_lost(error, self.ranks, during_step) or error  # not the model's fault: say whose
+        summary = self._write_summary("failed", started, message=record_failure(self.run_dir, failure, self.step))
+        self.callbacks.on_fit_end(self, summary)
+        if failure is error:
+            raise error
+        raise failure from error
 
     def _final_writes(self, started: float) -> dict[str, Any]:
         if self._last_checkpoint_step != self.step:
