@@ -19,6 +19,12 @@ not the targets' and `meets_targets` says so.
     .venv/bin/python benchmarks/recsys.py [--ml100k path/to/ml-100k.inter]    # hours on a 2-core CPU
     .venv/bin/python benchmarks/recsys.py --only movielens [--ml100k FILE]   # minutes: the MovieLens part,
                                                       # merged into the existing results file
+    .venv/bin/python benchmarks/recsys.py --only din                # ~10 min: 3 seeds x 2 variants, 2 at a time
+    .venv/bin/python benchmarks/recsys.py --only next-item --epochs 2   # ~15 min: the same budget for each model
+    .venv/bin/python benchmarks/recsys.py --only throughput         # ~2 min
+
+The seeds of the DIN comparison are training seeds on the one generated log (the recipe's `data_seed`), as
+`trainwise ablate --seeds` runs them.
 """
 from __future__ import annotations
 
