@@ -73,6 +73,14 @@ def test_three_seeds_say_they_cannot_tell_instead_of_within_noise():
     row = summarise_variants(list(values), _outcomes(values), goal="max")["variants"][1]
     assert row["p_exact"] == pytest.approx(0.25) and row["p_paired_t"] < 0.05
     assert row["verdict"].startswith("too few seeds to tell") and "--seeds 6" in row["verdict"]
+    # what the t-tests say, and what they assume, is in the verdict: 3 seeds can reach 0.05 with them
+    assert row["p_welch"] == pytest.approx(stats.ttest_ind(values["big_gain"], values["baseline"],
+                                                           equal_var=False).pvalue)
+    assert f"paired p = {row['p_paired_t']:.2g}, Welch p = {row['p_welch']:.2g}" in row["verdict"]
+    assert "assuming normally distributed seed noise, the t-tests show a difference" in row["verdict"]
+    noisy = {"baseline": [0.90, 0.95, 0.85], "small": [0.91, 0.93, 0.88]}
+    row = summarise_variants(list(noisy), _outcomes(noisy), goal="max")["variants"][1]
+    assert "the t-tests show no difference" in row["verdict"]
 
 
 def test_many_seeds_use_the_paired_t_test():

@@ -6,7 +6,10 @@ spread the two share. Up to `EXACT_MAX_PAIRS` pairs the exact sign-flip permutat
 assignment of signs to the differences, no assumption about their distribution); beyond that, the paired
 t-test (scipy.stats.ttest_rel). Both p-values are reported; `test_used` names the one behind the verdict.
 With n pairs the exact test's smallest possible p is 2 / 2**n: 3 seeds cannot show a difference at 0.05
-(0.25 at best), 6 can (0.031). "Within noise" means "not shown to differ", not "shown to be equal".
+(0.25 at best), 6 can (0.031); the verdict then also says what the t-tests find, which can reach 0.05 with 3
+seeds by assuming normally distributed seed noise. Welch's unpaired t-test (scipy.stats.ttest_ind,
+equal_var=False) is reported beside them for designs where seed k of two variants shares nothing (a recommender's
+seeds on one fixed log). "Within noise" means "not shown to differ", not "shown to be equal".
 """
 from __future__ import annotations
 
@@ -44,6 +47,17 @@ def paired_t_p_value(variant: list[float], baseline: list[float]) -> float | Non
     return float(ttest_rel(variant, baseline).pvalue)
 
 
+def welch_p_value(variant: list[float], baseline: list[float]) -> float | None:
+    """Two-sided p of Welch's unpaired t-test; None under 2 runs on either side."""
+    from scipy.stats import ttest_ind
+
+    if len(variant) < 2 or len(baseline) < 2:
+        return None
+    if np.ptp(variant) == 0 and np.ptp(baseline) == 0:  # no spread on either side: t is undefined
+        return 1.0 if variant[0] == baseline[0] else 0.0
+    return float(ttest_ind(variant, baseline, equal_var=False).pvalue)
+
+
 def sign_flip_p_value(differences: list[float]) -> float | None:
     """Exact two-sided p: the share of the 2**n sign assignments whose mean difference is at least as far
     from 0 as the observed one. None without pairs."""
@@ -77,8 +91,8 @@ def summarise_variants(names: list[str], outcomes: list[dict[str, Any]], *,
         row: dict[str, Any] = {"name": name, "values": values[name], "n": len(values[name]), "mean": mean,
                                "std": std, "failed_runs": failed[name]}
         if name == baseline:
-            row.update(delta=None, pairs=None, p_value=None, p_paired_t=None, p_exact=None, test_used=None,
-                       within_noise=None, verdict="baseline")
+            row.update(delta=None, pairs=None, p_value=None, p_paired_t=None, p_exact=None, p_welch=None,
+                       test_used=None, within_noise=None, verdict="baseline")
         else:
             seeds = sorted(set(by_seed[name]) & set(by_seed[baseline]))
             pair_a, pair_b = [by_seed[name][s] for s in seeds], [by_seed[baseline][s] for s in seeds]
@@ -90,21 +104,30 @@ def summarise_variants(names: list[str], outcomes: list[dict[str, Any]], *,
             if len(differences) < 2:
                 p = None
             within = None if p is None else p >= ALPHA
+            p_welch = welch_p_value(values[name], values[baseline])
             row.update(delta=delta, pairs=len(differences), p_value=p, p_paired_t=p_t, p_exact=p_exact,
-                       test_used=(EXACT if exact else PAIRED_T) if p is not None else None, within_noise=within,
-                       verdict=_verdict(delta, within, goal, len(differences), exact))
+                       p_welch=p_welch, test_used=(EXACT if exact else PAIRED_T) if p is not None else None,
+                       within_noise=within, verdict=_verdict(delta, within, goal, len(differences), exact,
+                                                             t_tests=(p_t, p_welch)))
         rows.append(row)
     return {"test": TEST_NAME, "alpha": ALPHA, "variants": rows}
 
 
-def _verdict(delta: float | None, within_noise: bool | None, goal: str, pairs: int, exact: bool) -> str:
+def _verdict(delta: float | None, within_noise: bool | None, goal: str, pairs: int, exact: bool,
+             t_tests: tuple[float | None, float | None] = (None, None)) -> str:
     if delta is None:
         return "no successful runs"
     if within_noise is None:
         return "too few seeds to tell (need 2+ seeds that ran for both the baseline and the variant)"
     if within_noise and exact and smallest_exact_p(pairs) >= ALPHA and not math.isclose(delta, 0.0, abs_tol=1e-12):
-        return (f"too few seeds to tell: with {pairs} paired seeds the exact test's smallest p is "
-                f"{smallest_exact_p(pairs):.3g}; use --seeds 6 or more")
+        paired, welch = t_tests
+        assuming = ""
+        if paired is not None and welch is not None:
+            shown = "a difference" if min(paired, welch) < ALPHA else "no difference"
+            assuming = (f"; assuming normally distributed seed noise, the t-tests show {shown} (paired p = "
+                        f"{paired:.2g}, Welch p = {welch:.2g})")
+        return (f"too few seeds to tell without assumptions: with {pairs} paired seeds the exact test's smallest p "
+                f"is {smallest_exact_p(pairs):.3g}; use --seeds 6 or more{assuming}")
     if within_noise or math.isclose(delta, 0.0, abs_tol=1e-12):
         return "within seed noise"
     better = delta < 0 if goal == "min" else delta > 0

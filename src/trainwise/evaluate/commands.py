@@ -124,15 +124,18 @@ def ablate_command(
     except KeyboardInterrupt:
         console.print(f"interrupted: completed runs are kept; run the same command again to resume ({out}).")
         raise typer.Exit(130) from None
-    table = Table("variant", f"{result['metric']} mean ± std", "n", "Δ vs baseline", "p exact / paired t",
-                  "verdict", box=None)
+    table = Table("variant", f"{result['metric']} mean ± std", "n", "Δ vs baseline",
+                  "p exact / paired t / Welch", "verdict", box=None)
     for row in result["variants"]:
         p_values = "" if row["p_value"] is None else " / ".join(
-            "—" if p is None else f"{p:.3f}" for p in (row.get("p_exact"), row.get("p_paired_t")))
+            "—" if p is None else f"{p:.3g}" for p in (row.get("p_exact"), row.get("p_paired_t"), row.get("p_welch")))
         table.add_row(row["name"], "—" if row["mean"] is None else f"{row['mean']:.4f} ± {row['std']:.4f}",
                       str(row["n"]), "" if row["delta"] is None else f"{row['delta']:+.4f}", p_values,
-                      row["verdict"])
+                      row["verdict"].split(":")[0])  # the why, below the table: a narrow column folds it
     console.print(table)
+    for row in result["variants"]:
+        if ":" in row["verdict"]:
+            console.print(f"{row['name']}: {row['verdict']}", highlight=False)
     for run in result["runs"]:
         if not run["ok"]:
             console.print(f"[red]failed[/] {run['variant']} seed {run['seed']}: {run.get('error', run['status'])}",
