@@ -71,7 +71,8 @@ def test_ablate_runs_each_variant_then_resumes(tmp_path):
     assert "train.max_steps=12" in (out / "logs" / "baseline-seed0.log").read_text()
     html = (out / "ablation.html").read_text()
     assert "data.augment=false" in html and "data:image/png;base64," in html
-    assert "too few seeds to tell" in result.output and "p exact / paired t / Welch" in html
+    said = " ".join(result.output.split())  # as read, whatever the terminal's width folded
+    assert "data.augment=false: too few seeds to tell (need 2+ seeds" in said and "p exact / paired t / Welch" in html
 
     # an interrupted ablation: one run lost its summary and trains again; the other had finished training
     # but not its evaluation: its weights are reused and only the evaluation runs

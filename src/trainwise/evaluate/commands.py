@@ -131,10 +131,10 @@ def ablate_command(
             "—" if p is None else f"{p:.3g}" for p in (row.get("p_exact"), row.get("p_paired_t"), row.get("p_welch")))
         table.add_row(row["name"], "—" if row["mean"] is None else f"{row['mean']:.4f} ± {row['std']:.4f}",
                       str(row["n"]), "" if row["delta"] is None else f"{row['delta']:+.4f}", p_values,
-                      row["verdict"].split(":")[0])  # the why, below the table: a narrow column folds it
+                      _short(row["verdict"]))  # the why, below the table: a narrow column folds it
     console.print(table)
     for row in result["variants"]:
-        if ":" in row["verdict"]:
+        if _short(row["verdict"]) != row["verdict"]:
             console.print(f"{row['name']}: {row['verdict']}", highlight=False)
     for run in result["runs"]:
         if not run["ok"]:
@@ -142,6 +142,11 @@ def ablate_command(
                           highlight=False)
     console.print(f"noise test: {result['test']}")
     console.print(f"written: {out / ABLATION_JSON}, {out / ABLATION_HTML} ({result['wall_s']:.1f} s)")
+
+
+def _short(verdict: str) -> str:
+    """A verdict without its reasons: `too few seeds to tell` of `too few seeds to tell: with 3 ...`."""
+    return verdict.split(":")[0].split(" (")[0]
 
 
 def _print_warnings(warnings: list[dict]) -> None:
