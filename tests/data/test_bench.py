@@ -32,6 +32,8 @@ def test_bench_sets_the_loader_against_the_model_rate_it_is_given(tmp_path, writ
     import torch
 
     from trainwise.data.bench import bench, default_recipe
+    from trainwise.data.prepared import data_spec
+    from trainwise.data.shards import read_manifest
     from trainwise.data.prepare import PrepareOptions, prepare
     from trainwise.recipes import load_recipe
 
@@ -41,12 +43,14 @@ def test_bench_sets_the_loader_against_the_model_rate_it_is_given(tmp_path, writ
     asked = []
 
     def fast_model(spec, batch):
-        asked.append((spec.task, batch))
+        inputs, targets = batch  # a real batch of the prepared rows, in the data's shapes
+        asked.append((spec.task, len(inputs), tuple(inputs.shape[1:]), targets.dtype))
         return 1e12
 
     recipe = default_recipe(tmp_path / "out")
     config = load_recipe(recipe, [f"data.path={tmp_path / 'out'}"])
     result = bench(tmp_path / "out", config, fast_model, recipe=recipe, device=torch.device("cpu"), workers=[0],
                    batch_size=16, seconds=0.1)
-    assert recipe == "table" and asked == [("classification", 16)]
+    shape = tuple(data_spec(read_manifest(tmp_path / "out")).input_shape)
+    assert recipe == "table" and asked == [("classification", 16, shape, torch.int64)]
     assert result.model == 1e12 and result.verdict.bottleneck and result.batch_size == 16

@@ -40,5 +40,6 @@ def test_the_model_rate_times_the_trainers_own_step(monkeypatch, task):
     monkeypatch.setattr(TrainStep, "update", lambda self, loss: calls.append(1) or original(self, loss))
     spec = DataSpec(input_shape=(4,), num_classes=3 if task == "classification" else None, task=task)
     config = tiny_config(model={"name": "mlp", "args": {"hidden": [8]}})
-    rate = model_rate(config, spec, device=torch.device("cpu"), batch_size=16, steps=3, warmup=1)
+    targets = torch.randint(0, 3, (16,)) if task == "classification" else torch.randn(16)
+    rate = model_rate(config, spec, (torch.randn(16, 4), targets), device=torch.device("cpu"), steps=3, warmup=1)
     assert rate > 0 and len(calls) == 4

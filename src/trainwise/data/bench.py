@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import BatchSampler, Dataset, RandomSampler, default_collate
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
@@ -22,8 +22,10 @@ from trainwise.data.prepared import PreparedDataset, data_spec
 from trainwise.data.shards import read_manifest
 from trainwise.errors import DataError
 
-ModelRate = Callable[[DataSpec, int], float]
-"""Samples/s the model consumes, given the data's spec and the batch size."""
+Batch = tuple[torch.Tensor, torch.Tensor]
+ModelRate = Callable[[DataSpec, Batch], float]
+"""Samples/s the model consumes, given the data's spec and one real batch of the training data: the inputs a
+model is timed on have the data's shapes, dtypes and values (item ids for a recommender, not random floats)."""
 
 HEADROOM = 1.2  # the loader should beat the model by this much: step times jitter, workers get descheduled
 NOISE = 0.05  # rates this close to the best are a tie: the setting measured first (the cheaper one) wins
@@ -64,7 +66,7 @@ def bench_verdict(loader_rates: dict[str, float], model_rate: float) -> Verdict:
                    "with more CPU cores")
 
 
-def loader_rate(dataset: PreparedDataset, *, workers: int | str, batch_size: int, device: torch.device,
+def loader_rate(dataset: Dataset, *, workers: int | str, batch_size: int, device: torch.device,
                 seconds: float = 2.0, seed: int = 0) -> float:
     """Samples/s of shuffled batches through trainwise's loader, copied to `device`, after the first batch
     (worker start-up is not throughput)."""
@@ -101,27 +103,38 @@ class BenchResult:
 
 
 def default_recipe(directory: str | Path) -> str:
-    """The built-in recipe whose model sets the pace for a prepared dataset: by what the dataset holds."""
-    manifest = read_manifest(directory)
-    if manifest["kind"] == "interactions":
-        raise DataError(f"{directory}: `data bench` needs a built-in model to compare with; interactions "
-                        "datasets have none.")
-    return "image-folder" if manifest["kind"] == "images" else "table"
+    """The built-in recipe whose model sets the pace for a prepared dataset: by what the dataset holds (an
+    interaction log: SASRec's, whose training samples are the windows `shop-din` also reads from)."""
+    kind = read_manifest(directory)["kind"]
+    return {"interactions": "shop-sasrec", "images": "image-folder"}.get(kind, "table")
+
+
+def sample_batch(dataset: Dataset, size: int) -> Batch:
+    """The first `size` samples of `dataset` as one batch (cycling through a smaller dataset), collated as the
+    loader does."""
+    indices = [i % len(dataset) for i in range(size)]
+    if getattr(dataset, "batched", False):
+        inputs, targets = dataset.__getitems__(indices)  # type: ignore[attr-defined]
+        return torch.as_tensor(inputs), torch.as_tensor(targets)
+    inputs, targets = default_collate([dataset[i] for i in indices])
+    return inputs, targets
 
 
 def bench(directory: str | Path, config: RunConfig, model_rate: ModelRate, *, recipe: str,
           device: torch.device, workers: list[int | str] | None = None, batch_size: int | None = None,
-          split: str = "train", seconds: float = 2.0) -> BenchResult:
-    """Measure the loader at each worker count against `model_rate` (the model `config` builds), and decide."""
+          split: str = "train", seconds: float = 2.0, data: tuple[Dataset, DataSpec] | None = None) -> BenchResult:
+    """Measure the loader at each worker count against `model_rate` (the model `config` builds), and decide.
+    `data`: the training dataset and its spec when the recipe builds them from the directory (a recommender's
+    windows over an interaction log); otherwise the prepared `split` as it is stored."""
     manifest = read_manifest(directory)
     batch = batch_size or config.train.micro_batch
-    dataset = PreparedDataset(directory, split, manifest=manifest)
-    if not len(dataset):
+    dataset, spec = data or (PreparedDataset(directory, split, manifest=manifest), data_spec(manifest))
+    if not len(dataset):  # type: ignore[arg-type]
         raise DataError(f"{directory}: the {split} split is empty.")
     counts = workers if workers is not None else worker_counts()
     rates = {str(w): loader_rate(dataset, workers=w, batch_size=batch, device=device, seconds=seconds)
              for w in counts}
-    consumed = model_rate(data_spec(manifest), batch)
+    consumed = model_rate(spec, sample_batch(dataset, batch))
     return BenchResult(rates, consumed, batch, str(device), recipe, bench_verdict(rates, consumed))
 
 

@@ -14,16 +14,17 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.data.bench import BenchResult, bench, default_recipe
 from trainwise.data.bundle import DataSpec
+from trainwise.data.shards import read_manifest
 from trainwise.train.device import resolve_device
 from trainwise.train.optim import build_optimizer
 from trainwise.train.precision import make_scaler, resolve_precision
 from trainwise.train.step import TrainStep, default_loss
 
 
-def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch_size: int,
-               steps: int = 8, warmup: int = 2) -> float:
+def model_rate(config: RunConfig, spec: DataSpec, batch: tuple[torch.Tensor, torch.Tensor], *,
+               device: torch.device, steps: int = 8, warmup: int = 2) -> float:
     """Samples/s of the Trainer's own step (train/step.py: the recipe's optimizer, loss, precision, scaler and
-    clipping) on one random batch already on `device`."""
+    clipping) on one real batch of the training data, already on `device`."""
     from trainwise.recipes.factories import build_model
 
     train = config.train
@@ -33,11 +34,8 @@ def model_rate(config: RunConfig, spec: DataSpec, *, device: torch.device, batch
                            loss_fn=default_loss(spec.task, train.label_smoothing), precision=precision,
                            device=device, accumulation_steps=1, grad_clip_norm=train.grad_clip_norm,
                            scaler=make_scaler(precision, device))
-    inputs = torch.randn(batch_size, *spec.input_shape, device=device)
-    if spec.task == "classification":
-        targets = torch.randint(0, spec.num_classes or 2, (batch_size,), device=device)
-    else:
-        targets = torch.randn(batch_size, device=device)
+    inputs, targets = (t.to(device) for t in batch)
+    batch_size = len(inputs)
 
     def step() -> None:
         train_step([(inputs, targets)])
@@ -61,11 +59,17 @@ def bench_prepared(directory: str | Path, *, recipe: str | None = None, workers:
     """`trainwise data bench`: the loader at each worker count against the recipe's model, and the verdict."""
     from trainwise.recipes import load_recipe
 
+    from trainwise.recipes.factories import build_data
+
     recipe = recipe or default_recipe(directory)
     config = load_recipe(recipe, [f"data.path={directory}", *(overrides or [])])
     torch_device = resolve_device(device or config.train.device)
-    return bench(directory, config, lambda spec, batch: model_rate(config, spec, device=torch_device,
-                                                                   batch_size=batch, steps=1 if quick else 8,
+    built = None
+    if read_manifest(directory)["kind"] == "interactions":  # the recipe makes its samples from the log
+        bundle = build_data(config)
+        built = (bundle.train, bundle.spec)
+    return bench(directory, config, lambda spec, batch: model_rate(config, spec, batch, device=torch_device,
+                                                                   steps=1 if quick else 8,
                                                                    warmup=1 if quick else 2),
                  recipe=recipe, device=torch_device, workers=workers, batch_size=batch_size, split=split,
-                 seconds=seconds)
+                 seconds=seconds, data=built)
