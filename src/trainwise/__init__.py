@@ -1,11 +1,33 @@
-"""trainwise: plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training."""
-from trainwise.config import RunConfig, config_from_dict, load_config
-from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec
-from trainwise.errors import TrainwiseError
-from trainwise.run import RunDir
-from trainwise.train.callbacks import Callback
-from trainwise.train.trainer import Trainer
+"""trainwise: plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training.
+
+The library's names are imported on first use (PEP 562), so the command line starts without importing torch
+for commands that never touch it (`trainwise --help`, `report`, `compare`):
+
+    from trainwise import Trainer, RunDir, DataSpec
+"""
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ArrayDataset", "Callback", "DataBundle", "DataSpec", "RunConfig", "RunDir", "Trainer",
-           "TrainwiseError", "config_from_dict", "load_config"]
+
+_EXPORTS = {
+    "RunConfig": "config", "config_from_dict": "config", "load_config": "config",
+    "ArrayDataset": "data.bundle", "DataBundle": "data.bundle", "DataSpec": "data.bundle",
+    "TrainwiseError": "errors", "RunDir": "run", "Callback": "train.callbacks", "Trainer": "train.trainer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(f"trainwise.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module 'trainwise' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *_EXPORTS]
