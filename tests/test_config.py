@@ -101,6 +101,16 @@ def test_a_bad_override_is_named_as_the_override_not_blamed_on_the_recipe_file()
     assert "(given by the override 'train.batch_size=abc')" in message
 
 
+def test_a_cross_field_problem_names_the_override_that_made_it():
+    raw = {"train": {"max_steps": 20}, "schedule": {"warmup_steps": 20}}
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(raw, source="recipe.yaml", overrides=["train.max_steps=20"])
+    message = str(caught.value)
+    assert message.startswith("invalid override on the command line (recipe recipe.yaml)")
+    assert "must be smaller than train.max_steps (20)" in message
+    assert message.endswith("(given by the override 'train.max_steps=20')")
+
+
 def test_a_bad_value_in_the_recipe_itself_still_names_the_recipe_file():
     with pytest.raises(ConfigError) as caught:
         config_from_dict({"train": {"batch_size": "abc"}}, source="recipe.yaml", overrides=["optim.lr=0.1"])

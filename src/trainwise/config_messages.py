@@ -36,7 +36,7 @@ def format_validation_error(error: ValidationError, source: str, overrides: list
     for item in error.errors():
         loc = [str(p) for p in item["loc"]]
         where = ".".join(loc) or "(top level)"
-        override = _override_of(loc, given)
+        override = _override_of(loc, given) or _named_in(item["msg"], given)
         from_recipe |= override is None
         origin = f" (given by the override {override!r})" if override else ""
         if item["type"] == "extra_forbidden":
@@ -69,6 +69,12 @@ def name_overrides(problems: list[str], source: str, overrides: list[str] = ()) 
         from_recipe |= override is None
         lines.append(f"  {key}: {message}" + (f" (given by the override {override!r})" if override else ""))
     return "\n".join([problems_header(source, from_recipe), *lines])
+
+
+def _named_in(message: str, given: dict[str, str]) -> str | None:
+    """The override of a key a cross-field problem names (`warmup_steps (20) must be smaller than
+    train.max_steps (20)`), when one of its keys came from the command line."""
+    return next((item for key, item in given.items() if key in message), None)
 
 
 def _override_of(loc: list[str], given: dict[str, str]) -> str | None:
