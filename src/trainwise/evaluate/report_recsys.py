@@ -13,12 +13,14 @@ Computed from the run directory (its config rebuilds the data; its best weights)
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from trainwise.run import RunDir
+
+if TYPE_CHECKING:  # torch is imported where a recommender's section is built: other reports never need it
+    import torch
 
 BUCKETS = (("cold", 0, 10), ("warm", 10, 50), ("heavy", 50, None))  # events before the held-out one
 METRICS = ("ndcg@10", "hr@10", "mrr")
@@ -47,6 +49,8 @@ def recsys_section(run: RunDir, checkpoint: str = "best") -> RecommenderSection 
         return None
     if config.data.name != "shop":
         return None
+    import torch
+
     try:
         state, _, _ = load_weights(run, checkpoint)  # type: ignore[arg-type]
     except Exception:
@@ -89,6 +93,8 @@ def recsys_section(run: RunDir, checkpoint: str = "best") -> RecommenderSection 
 def example_user(model: torch.nn.Module, queries, data_path: str | None) -> dict[str, Any] | None:
     """The first test query's user (with the longest history among the first 100): the last events and
     the weight the model gave each."""
+    import torch
+
     from trainwise.recsys.recommend import _id_maps, _raw
 
     if len(queries) == 0:
