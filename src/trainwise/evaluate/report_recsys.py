@@ -39,17 +39,17 @@ class RecommenderSection(dict):
 
 def recsys_section(run: RunDir, checkpoint: str = "best") -> RecommenderSection | None:
     """The section's facts, or None when the run is not a recommender (or has no weights yet)."""
-    from trainwise.evaluate.run_eval import load_weights
-    from trainwise.recipes.factories import build_data, build_model
-    from trainwise.recsys.ranking import full_ranking
-
     try:
         config = run.read_config()
     except Exception:  # the report says elsewhere what is wrong with the run directory
         return None
     if config.data.name != "shop":
         return None
-    import torch
+    import torch  # only now: the other runs' reports need neither torch nor the data builders
+
+    from trainwise.evaluate.run_eval import load_weights
+    from trainwise.recipes.factories import build_data, build_model
+    from trainwise.recsys.ranking import full_ranking
 
     try:
         state, _, _ = load_weights(run, checkpoint)  # type: ignore[arg-type]

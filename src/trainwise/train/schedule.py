@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainwise.config import ScheduleConfig
+
+if TYPE_CHECKING:  # the schedule's numbers are pure; readers (report, diagnose) use them without torch
+    import torch
 
 
 def warmup_steps(schedule: ScheduleConfig, max_steps: int) -> int:
@@ -44,4 +46,6 @@ class WarmupDecay:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: ScheduleConfig,
                     max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupDecay(schedule, max_steps))
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, WarmupDecay(schedule, max_steps))
