@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -33,7 +34,6 @@ def tiny_config(**sections) -> RunConfig:
 def train_until_killed(args: list[str], out: Path, reached, env: dict | None = None) -> None:
     """`trainwise train ARGS --out OUT` in a process of its own, SIGKILLed once `reached()` (or after 120 s,
     or when it ended by itself)."""
-    import signal
     import time
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
@@ -43,6 +43,40 @@ def train_until_killed(args: list[str], out: Path, reached, env: dict | None = N
         while not reached() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
+
+
+def straight_and_killed(capsys, args: list[str], tmp_path: Path, progress, window: range) -> tuple[Path, Path, int]:
+    """The setup of the SIGKILL-then-resume tests: `train ARGS` straight through in this process, and in a
+    process of its own SIGKILLed once `progress(run)` reaches the start of `window`; both on one thread, so
+    their arithmetic is the same. Returns (straight, killed, the progress at the kill), checked to be in
+    `window` (mid-run)."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert invoke(capsys, "train", *args, "--out", str(straight)).returncode == 0
+    train_until_killed(args, killed, lambda: progress(killed) >= window.start, env=ONE_THREAD)
+    at = progress(killed)
+    assert at in window, f"the kill should land mid-run ({window.start} to {window.stop - 1}), it landed at {at}"
+    return straight, killed, at
+
+
+def start_torchrun(*args: str, nproc: int = 2, **popen) -> subprocess.Popen:
+    """`python -m torch.distributed.run --nproc_per_node=NPROC -m trainwise ARGS` on the CPU, in a session of its
+    own (so a hang can end the whole job), stdout and stderr together."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc_per_node={nproc}", "-m", "trainwise", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **popen)
+
+
+def finish_job(proc: subprocess.Popen, timeout: float = 150) -> tuple[int, str]:
+    """(exit code, output) of a started job; a job still running after `timeout` is killed and fails the test."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: end the whole job (its own session), then fail
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"the job still ran after {timeout} s:\n{output[-3000:]}") from None
+    return proc.returncode, output
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):

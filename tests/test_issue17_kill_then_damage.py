@@ -6,7 +6,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ONE_THREAD, invoke, train_until_killed
+from tests.conftest import invoke, straight_and_killed
 
 # checkpoints every 6 steps, three kept, so the one before `last` is there to fall back to
 ARGS = ["breast-cancer", "train.max_steps=72", "train.log_every=1", "eval.every_steps=12",
@@ -24,13 +24,7 @@ def _checkpointed_step(run_dir) -> int:
 @pytest.mark.slow
 def test_a_killed_run_with_a_zeroed_last_checkpoint_resumes_from_the_one_before_to_the_same_weights(tmp_path, capsys,
                                                                                                  one_thread):
-    straight = tmp_path / "straight"  # this process and the killed one on one thread each: the same arithmetic
-    assert invoke(capsys, "train", *ARGS, "--out", str(straight)).returncode == 0
-
-    killed = tmp_path / "killed"
-    train_until_killed(ARGS, killed, lambda: _checkpointed_step(killed) >= 24, env=ONE_THREAD)
-    at = _checkpointed_step(killed)
-    assert 24 <= at < 72, f"the kill should land mid-run, it landed after checkpoint {at}"
+    straight, killed, at = straight_and_killed(capsys, ARGS, tmp_path, _checkpointed_step, range(24, 72))
 
     last = killed / "checkpoints" / "last.pt"
     raw = bytearray(last.read_bytes())

@@ -31,12 +31,12 @@ def field_description(dotted: str) -> str | None:
 def format_validation_error(error: ValidationError, source: str, overrides: list[str] = ()) -> str:
     """One line per problem. A problem in a key set on the command line names that override and its value,
     not the recipe file, which the user may never have opened."""
-    given = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+    given = _given(overrides)
     lines, from_recipe = [], False
     for item in error.errors():
         loc = [str(p) for p in item["loc"]]
         where = ".".join(loc) or "(top level)"
-        override = _override_of(loc, given) or _named_in(item["msg"], given)
+        override = _blamed(loc, item["msg"], given)
         from_recipe |= override is None
         origin = f" (given by the override {override!r})" if override else ""
         if item["type"] == "extra_forbidden":
@@ -59,22 +59,30 @@ def problems_header(source: str, from_recipe: bool) -> str:
 
 def name_overrides(problems: list[str], source: str, overrides: list[str] = ()) -> str:
     """`key: message` lines as one message: a key set on the command line names that override."""
-    given = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+    given = _given(overrides)
     lines, from_recipe = [], False
     for line in problems:
         key, _, message = line.partition(": ")
-        override = _override_of(key.split("."), given) or next(  # an unknown argument below the key
-            (item for name, item in given.items() if name.startswith(f"{key}.")
-             and repr(name[len(key) + 1:].split(".")[0]) in message), None)
+        override = _blamed(key.split("."), message, given)
         from_recipe |= override is None
         lines.append(f"  {key}: {message}" + (f" (given by the override {override!r})" if override else ""))
     return "\n".join([problems_header(source, from_recipe), *lines])
 
 
-def _named_in(message: str, given: dict[str, str]) -> str | None:
-    """The override of a key a cross-field problem names (`warmup_steps (20) must be smaller than
-    train.max_steps (20)`), when one of its keys came from the command line."""
-    return next((item for key, item in given.items() if key in message), None)
+def _given(overrides: list[str]) -> dict[str, str]:
+    """{dotted key: the override as typed} of the command line's `key=value` items."""
+    return {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+
+
+def _blamed(loc: list[str], message: str, given: dict[str, str]) -> str | None:
+    """The override behind a problem at `loc`: the one that set it or a section above it; an unknown
+    argument below it that the message names (`din takes no argument 'hiden'`); or a key a cross-field
+    problem names (`warmup_steps (20) must be smaller than train.max_steps (20)`). None: the recipe's."""
+    key = ".".join(loc)
+    return (_override_of(loc, given)
+            or next((item for name, item in given.items() if key and name.startswith(f"{key}.")
+                     and repr(name[len(key) + 1:].split(".")[0]) in message), None)
+            or next((item for name, item in given.items() if name in message), None))
 
 
 def _override_of(loc: list[str], given: dict[str, str]) -> str | None:

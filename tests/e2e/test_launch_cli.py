@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import ONE_THREAD, ROOT, invoke
-from tests.train.test_fsdp import _finish
+from tests.conftest import finish_job
 from trainwise.train.launch import Launch
 
 ARGS = ["breast-cancer", "train.max_steps=12", "schedule.warmup_steps=3", "train.batch_size=32",
@@ -27,7 +27,7 @@ def test_nproc_2_trains_the_same_weights_as_one_process(tmp_path, capsys, one_th
                                  "--nproc", "2"], env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **ONE_THREAD},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert invoke(capsys, "train", *ARGS, "--out", str(single)).returncode == 0
-    code, output = _finish(launched, timeout=300)
+    code, output = finish_job(launched, timeout=300)
     assert code == 0, output[-3000:]
     summary = json.loads((ranks / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 12

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, tiny_config
-from tests.train.test_fsdp import _finish
+from tests.conftest import finish_job
 from trainwise.errors import ConfigError
 from trainwise.plan import auto_micro_batch
 from trainwise.plan.auto_micro_batch import EVENT_KIND, choose_micro_batch, resolve_micro_batch
@@ -134,7 +134,7 @@ def test_under_torchrun_every_rank_takes_the_smallest_choice(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(script), str(tmp_path / "run")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    code, output = _finish(proc, timeout=240)
+    code, output = finish_job(proc, timeout=240)
     assert code == 0, output[-3000:]
     run = RunDir(tmp_path / "run")
     [event] = [e for e in run.read_events() if e["kind"] == EVENT_KIND]

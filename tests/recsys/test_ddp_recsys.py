@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import invoke
-from tests.train.test_fsdp import _finish, _torchrun
+from tests.conftest import finish_job, start_torchrun
 
 TINY = ["data.args.users=200", "data.args.items=100", "data.args.events=5000", "data.args.categories=5",
         "data.args.max_eval_queries=50", "train.max_steps=6", "train.epochs=null", "schedule.warmup_fraction=0.2",
@@ -20,10 +20,10 @@ TINY = ["data.args.users=200", "data.args.items=100", "data.args.events=5000", "
 @pytest.mark.parametrize("recipe", ["shop-din", "shop-sasrec"])
 def test_two_ranks_train_like_one_process(tmp_path, capsys, recipe):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    job = _torchrun("train", recipe, *TINY, "train.strategy=ddp", "--out", str(ddp))
+    job = start_torchrun("train", recipe, *TINY, "train.strategy=ddp", "--out", str(ddp))
     trained = invoke(capsys, "train", recipe, *TINY, "--out", str(single))  # here, while the job runs
     assert trained.returncode == 0, trained.stderr[-3000:]
-    code, output = _finish(job, timeout=300)
+    code, output = finish_job(job, timeout=300)
     assert code == 0, output[-3000:]
     assert json.loads((ddp / "summary.json").read_text())["steps"] == 6
     losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import ROOT
 from tests.train.ddp_oom_worker import CHECKPOINT_EVERY, LOG_EVERY, MAX_STEPS
-from tests.train.test_fsdp import _finish
+from tests.conftest import finish_job
 from trainwise.run import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.recovery import GUARDED_STEPS
@@ -47,7 +47,7 @@ def jobs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(jobs):
     base, started = jobs
-    ended = {name: _finish(started[name], timeout=240) for name in ("recovered", "reference")}
+    ended = {name: finish_job(started[name], timeout=240) for name in ("recovered", "reference")}
     for name, (code, output) in ended.items():
         assert code == 0, (name, output[-4000:])
     recovered, reference = ([torch.load(base / name / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
@@ -102,7 +102,7 @@ def test_out_of_memory_after_the_guarded_steps_stops_every_rank_with_the_reason(
     """Past the guarded steps DDP's all-reduce runs inside backward: no agreement is possible, so the rank
     that ran out of memory says why and stops, and its peer stops on the lost-peer path: no hang."""
     base, started = jobs
-    code, output = _finish(started["late"], timeout=240)  # rank 1's 8th forward (step 8) runs out of memory
+    code, output = finish_job(started["late"], timeout=240)  # rank 1's 8th forward (step 8) runs out of memory
     assert code != 0
     assert "out of memory on rank 1 at step 8" in output and "cannot agree on a smaller" in output, output[-4000:]
     assert "trainwise resume" in output

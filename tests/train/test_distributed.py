@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import invoke
-from tests.train.test_fsdp import _finish, _torchrun
+from tests.conftest import finish_job, start_torchrun
 from trainwise.train.sampler import ResumableBatchSampler
 
 ARGS = ["breast-cancer", "train.max_steps=20", "schedule.warmup_steps=5", "train.batch_size=32", "train.micro_batch_size=16",
@@ -24,9 +24,9 @@ def test_ranks_split_each_epoch_between_them():
 @pytest.mark.slow
 def test_torchrun_two_ranks_match_one_process(tmp_path, capsys, one_thread):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    job = _torchrun("train", *ARGS, "--out", str(ddp))
+    job = start_torchrun("train", *ARGS, "--out", str(ddp))
     assert invoke(capsys, "train", *ARGS, "--out", str(single)).returncode == 0  # here, while the job runs
-    code, output = _finish(job, timeout=300)
+    code, output = finish_job(job, timeout=300)
     assert code == 0, output[-3000:]
     summary = json.loads((ddp / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 20

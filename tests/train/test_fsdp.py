@@ -5,11 +5,9 @@ and resumed by one process; a SIGTERM to one rank agreed by both and a bit-ident
 a rank killed outright.
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.conftest import ROOT, invoke, tiny_config
+from tests.conftest import finish_job, invoke, start_torchrun, tiny_config
 from trainwise.errors import ConfigError, RunDirError
 from trainwise.run import RunDir
 from trainwise.train.distributed import Ranks, resolve_strategy
@@ -36,24 +34,6 @@ RESUMABLE = ["breast-cancer", f"train.max_steps={MAX_STEPS}", "schedule.warmup_s
              "train.micro_batch_size=8", "model.args.dropout=0.2", "data.augment=true", "eval.every_steps=25",
              "eval.early_stopping.enabled=false", "checkpoint.every_steps=15", "checkpoint.keep_last=2",
              "telemetry.enabled=false", "train.log_every=1"]
-
-
-def _torchrun(*args: str, nproc: int = 2, **popen) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             f"--nproc_per_node={nproc}", "-m", "trainwise", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **popen)
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 150) -> tuple[int, str]:
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # a hang: end the whole job (its own session), then fail
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"the job still ran after {timeout} s:\n{output[-3000:]}") from None
-    return proc.returncode, output
 
 
 def _last_logged_step(run: Path) -> int:
@@ -215,10 +195,10 @@ def test_fsdp_in_one_process_trains_with_sharded_checkpoints_and_resumes(tmp_pat
 @pytest.mark.slow
 def test_fsdp_two_ranks_match_one_process_and_their_checkpoint_loads_in_one(tmp_path, capsys, one_thread):
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
-    launcher = _torchrun("train", *SAME_UPDATE, "train.strategy=fsdp", "--out", str(sharded))
+    launcher = start_torchrun("train", *SAME_UPDATE, "train.strategy=fsdp", "--out", str(sharded))
     trained = invoke(capsys, "train", *SAME_UPDATE, "--out", str(single))  # in this process, beside the job
     assert trained.returncode == 0, trained.stderr[-3000:]
-    code, output = _finish(launcher)
+    code, output = finish_job(launcher)
     assert code == 0, output[-3000:]
     summary = json.loads((sharded / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 20
@@ -263,12 +243,12 @@ def test_fsdp_two_ranks_match_one_process_and_their_checkpoint_loads_in_one(tmp_
 def test_sigterm_to_one_rank_stops_both_on_one_step_and_resume_is_bit_identical(tmp_path, strategy):
     args = [*RESUMABLE, f"train.strategy={strategy}"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    uninterrupted = _torchrun("train", *args, "--out", str(straight))
-    launcher = _torchrun("train", *args, "--out", str(stopped))
+    uninterrupted = start_torchrun("train", *args, "--out", str(straight))
+    launcher = start_torchrun("train", *args, "--out", str(stopped))
     rank1 = _rank_process(launcher, 1)
     _wait_for_step(stopped, 20, launcher)
     rank1.send_signal(signal.SIGTERM)  # only rank 1 sees it: rank 0 learns it at the next settle point
-    code, output = _finish(launcher)
+    code, output = finish_job(launcher)
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["status"] == "stopped", output[-3000:]
     step = summary["steps"]
@@ -282,9 +262,9 @@ def test_sigterm_to_one_rank_stops_both_on_one_step_and_resume_is_bit_identical(
     else:
         assert torch.load(run.checkpoint_path("last"), weights_only=True)["step"] == step
 
-    code, output = _finish(_torchrun("resume", str(stopped)))
+    code, output = finish_job(start_torchrun("resume", str(stopped)))
     assert code == 0, output[-3000:]
-    code, output = _finish(uninterrupted)
+    code, output = finish_job(uninterrupted)
     assert code == 0, output[-3000:]
     a, b = _weights(straight), _weights(stopped)
     for name in a:
@@ -298,12 +278,12 @@ def test_sigterm_to_one_rank_stops_both_on_one_step_and_resume_is_bit_identical(
 def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path):
     run = tmp_path / "run"
     args = [*RESUMABLE, "train.max_steps=100000", "eval.every_steps=100000", "train.dist_timeout_s=30"]
-    launcher = _torchrun("train", *args, "train.strategy=fsdp", "--out", str(run))
+    launcher = start_torchrun("train", *args, "train.strategy=fsdp", "--out", str(run))
     rank1 = _rank_process(launcher, 1)
     _wait_for_step(run, 16, launcher)  # past the first checkpoint (step 15)
     killed = time.time()
     rank1.send_signal(signal.SIGKILL)
-    code, output = _finish(launcher, timeout=60)
+    code, output = finish_job(launcher, timeout=60)
     assert time.time() - killed < 60
     assert code != 0
     assert "rank" in output and "1 (local_rank: 1)" in output, output[-3000:]  # torchrun's agent names it

@@ -4,7 +4,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ONE_THREAD, invoke, train_until_killed
+from tests.conftest import invoke, straight_and_killed
 from trainwise.train.sampler import ResumableBatchSampler
 
 # dropout + augmentation exercise the RNG; checkpoints every 7 steps land at odd places
@@ -23,13 +23,7 @@ def _last_logged_step(run_dir):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(tmp_path, capsys, one_thread):
-    straight = tmp_path / "straight"  # this process and the killed one on one thread each: the same arithmetic
-    assert invoke(capsys, "train", *ARGS, "--out", str(straight)).returncode == 0
-
-    killed = tmp_path / "killed"
-    train_until_killed(ARGS, killed, lambda: _last_logged_step(killed) >= 45, env=ONE_THREAD)
-    killed_at = _last_logged_step(killed)
-    assert 45 <= killed_at < 90, f"the kill should land mid-run, it landed after step {killed_at}"
+    straight, killed, _ = straight_and_killed(capsys, ARGS, tmp_path, _last_logged_step, range(45, 90))
     assert json.loads((killed / "summary.json").read_text())["status"] == "running"
 
     resumed = invoke(capsys, "resume", str(killed))
