@@ -66,7 +66,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "`data.num_workers=0` needs no shared memory, at the cost of speed."),
         patterns(r"killed by signal: Bus error", r"insufficient shared memory \(shm\)",
                  r"unable to (?:write to file|open shared memory object) </torch_",
-                 r"/dev/shm.*No space left on device|No space left on device.*/dev/shm"),
+                 r"^(?!.*NCCL WARN).*(?:/dev/shm.*No space left on device|No space left on device.*/dev/shm)"),
         keywords=("bus error", "shm", "torch_", "memory"),
     ),
     Rule(
@@ -227,22 +227,35 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "missing)."),
         patterns(r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
                  r"no CUDA-capable device is detected", r"CUDA driver initialization failed", r"cudaErrorNoDevice",
-                 r"invalid device ordinal"),
-        keywords=("gpu", "driver", "device"),
+                 r"invalid device ordinal", r"AssertionError: Invalid device id",
+                 r"CUDA unknown error - this may be due to an incorrectly set up environment",
+                 r"Error 802: system not yet initialized",
+                 r"You requested gpus?: \[", r"(?:CUDA|GPU)Accelerator can not run on your system",
+                 r"couldn't communicate with the NVIDIA driver", r"nvml error: driver not loaded",
+                 r"could not select device driver \"[^\"]*\" with capabilities: \[\[gpu\]\]",
+                 r"(?i:mixed precision requires a GPU)"),
+        keywords=("gpu", "driver", "device", "environment", "error 802", "accelerator"),
     ),
     Rule(
         "disk_full", "Disk full",
         "A write failed because the file system, or your quota on it, is full: typically while saving a "
-        "checkpoint or writing caches and logs. A checkpoint cut short this way is truncated and will not load.",
+        "checkpoint (torch.save then reports `PytorchStreamWriter failed` or `unexpected pos`), preparing a "
+        "dataset cache, or writing logs and databases. A checkpoint cut short this way is truncated and will "
+        "not load.",
         ("Find the full file system: `df -h` on the output directory (`df -i` for inodes, `quota -s` for "
          "quotas).",
          "Free space: old runs and checkpoints (`du -sh runs/* | sort -h`), caches (`~/.cache/huggingface`, "
          "`~/.cache/torch`, `pip cache purge`).",
          "Keep fewer checkpoints (trainwise: `checkpoint.keep_last=1`) or write the run to a bigger disk "
          "(`--out /data/runs/NAME`)."),
-        patterns(r"No space left on device", r"\[Errno 28\]", r"Disk quota exceeded", r"\[Errno 122\]",
-                 r"StorageFull"),
-        keywords=("space", "errno", "quota", "storagefull"),
+        # NCCL's own shared-memory segment failing is NCCL's rule (a /dev/shm too small), not a full disk
+        patterns(r"^(?!.*NCCL WARN)(?i:.*no space left on device)", r"\[Errno 28\]", r"errno = 28\b",
+                 r"\bENOSPC\b", r"Disk quota exceeded", r"\[Errno 122\]", r"StorageFull",
+                 r"(?i:not enough (?:free )?disk space)", r"database or disk is full",
+                 r"PytorchStreamWriter failed writing file", r"inline_container\.cc:\d+\] \. unexpected pos \d+",
+                 r"OSError: \d+ requested and \d+ written"),   # numpy's tofile cut short
+        keywords=("space", "errno", "enospc", "quota", "storagefull", "disk", "pytorchstreamwriter",
+                  "unexpected pos", "requested and"),
     ),
     Rule(
         "ecc_xid_hardware", "GPU fault: illegal memory access or launch failure",
@@ -261,15 +274,20 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"an illegal memory access was encountered", r"unspecified launch failure",
                  r"an illegal instruction was encountered", r"CUDA error: misaligned address",
                  r"uncorrectable ECC error", r"ECC_UNCORRECTABLE|cudaErrorECCUncorrectable", r"NVRM: Xid",
-                 r"fallen off the bus"),
-        keywords=("illegal", "launch", "misaligned", "ecc", "xid", "fallen"),
+                 r"fallen off the bus", r"\bS?Xid(?: \(PCI|=| error| \d)", r"\bXidCriticalError\b",
+                 r"uncorrectable NVLink error", r"\bGPU is lost\b|\bGpuIsLost\b",
+                 r"Remapping Failure Occurred\s*: Yes", r"(?i:double[- ]bit (?:ECC )?error)"),
+        keywords=("illegal", "launch", "misaligned", "ecc", "xid", "fallen", "nvlink", "lost", "remapping"),
         variants=(
             variant((r"uncorrectable ECC error", r"ECC_UNCORRECTABLE|cudaErrorECCUncorrectable",
-                     r"fallen off the bus", r"double bit error",
-                     r"Xid \([^)]*\): (?:48|63|64|74|79|92|94|95)\b"),
+                     r"fallen off the bus", r"(?i:double[- ]bit (?:ECC )?error)", r"uncorrectable NVLink error",
+                     r"\bGPU is lost\b|\bGpuIsLost\b", r"Remapping Failure Occurred\s*: Yes",
+                     r"\bSXid \([^)]*\): \d+, (?:Non-)?[Ff]atal",
+                     r"Xid(?: \([^)]*\):|=| error detected: Xid=)\s*(?:48|63|64|74|79|92|94|95)\b"),
                     "GPU hardware error (ECC / Xid)",
-                    "The driver reports a memory error the GPU could not correct, or a GPU that stopped "
-                    "answering. A program cannot cause these, though a reset often clears a one-off.",
+                    "The driver reports a memory error the GPU could not correct, a failed NVLink or NVSwitch "
+                    "link, or a GPU that stopped answering. A program cannot cause these, though a reset "
+                    "often clears a one-off.",
                     "Retry on another GPU (`CUDA_VISIBLE_DEVICES=1`) to confirm the error follows the card.",
                     "Read the driver's log: `sudo dmesg -T | grep -i xid`, and the counters: "
                     "`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`.",

@@ -43,7 +43,7 @@ COMPUTE_RULES: tuple[Rule, ...] = (
         "The loss (or a gradient) stopped being a finite number; from then on every update spreads NaN "
         "into the weights. Usual causes: a learning rate too high (often right after warmup), fp16 overflow, "
         "a log, division or square root of zero or a negative number in the loss, or NaN/Inf already in "
-        "the data.",
+        "the data. An fp16 loss scaler that reached its minimum means the same: every step overflowed.",
         ("Lower the learning rate (e.g. ten times; trainwise: `optim.lr=...`) and warm up "
          "(`schedule.warmup_steps=500`).",
          "Clip gradients (trainwise: `train.grad_clip_norm=1.0`; plain PyTorch: "
@@ -52,9 +52,14 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "Check the data with `torch.isfinite(x).all()`, and find the first bad op with "
          "`torch.autograd.set_detect_anomaly(True)`."),
         patterns(r"(?i:(?<![a-z])loss\b[ a-z]{0,12}?\b(?:is|became|=|:)\s*(?:nan|inf)\b)",
+                 r"(?i:(?<![a-z])loss['\"]?\s*[:=]?\s*['\"]?(?:nan|-?inf(?:inity)?)\b)",   # dicts, JSON, bars
                  r"(?i:loss became infinite or nan)", r"returned nan values in its \d+(?:st|nd|rd|th) output",
-                 r"non-finite loss"),
-        keywords=("nan", "inf", "finite"),
+                 r"non-finite loss", r"(?i:\b(?:nan|inf|non-finite) (?:loss|gradients)\b)",
+                 r"(?i:found (?:nan|inf) in (?:local )?grad)", r"Invalid loss, terminating training",
+                 r"Detected nan and/or inf values in", r"is non-finite, so it cannot be clipped",
+                 r"(?i:minimum loss scale reached)", r"loss scale already at minimum",
+                 r"to satisfy the constraint \w+\(\), but found invalid values"),   # NaN reaching a distribution
+        keywords=("nan", "inf", "finite", "invalid loss", "loss scale", "invalid values"),
     ),
     Rule(
         "ddp_unused_parameters", "DDP: parameters that received no gradient",
@@ -174,7 +179,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "Give every rank the same torch build, and call `torch.cuda.set_device(local_rank)` before "
          "`init_process_group`."),
         patterns(r"(?i:NCCL error)", r"\bnccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b",
-                 r"DistBackendError"),
+                 r"DistBackendError: ",
+                 r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)"),
         keywords=("nccl", "distbackend"),
         variants=(
             variant((r"socketStartConnect", r"No route to host", r"Connection refused", r"NET/IB",
@@ -186,6 +192,15 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                     "without InfiniBand add `NCCL_IB_DISABLE=1`.",
                     "Check `MASTER_ADDR` / `--rdzv-endpoint` and that the nodes reach each other "
                     "(`ping`, open firewall ports)."),
+            variant((r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)",),
+                    "NCCL could not create its shared-memory segment",
+                    "NCCL moves data between GPUs of one machine through files in /dev/shm, and it could "
+                    "not create or grow one: /dev/shm is too small (Docker gives 64 MB unless told "
+                    "otherwise). The disk is not what is full.",
+                    "In Docker start the container with `--ipc=host` or `--shm-size=16g`; in Kubernetes mount "
+                    "an `emptyDir` with `medium: Memory` at /dev/shm. Check with `df -h /dev/shm`.",
+                    "As a stopgap, `NCCL_SHM_DISABLE=1` makes NCCL go through the network or P2P instead "
+                    "(slower)."),
             variant((r"Duplicate GPU detected",),
                     "Two ranks on the same GPU",
                     "Two processes of one job selected the same GPU, which NCCL refuses.",
@@ -222,8 +237,11 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "See where each rank waits: `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` records the last collectives."),
         patterns(r"Watchdog caught collective operation timeout", r"Some NCCL operations have failed or timed out",
                  r"Timed out initializing process group in store based barrier",
-                 r"DistStoreError: .*(?i:timed out|timeout)"),
-        keywords=("watchdog", "timed out", "timeout"),
+                 r"DistStoreError: .*(?i:timed out|timeout)", r"watchdog got stuck for \d+ seconds",
+                 r"Heartbeat monitor timed out", r"failed to pass monitoredBarrier",
+                 r"Timed out waiting \d+ms for (?:send|recv) operation to complete",
+                 r"\bTimeout at NCCL work: \d+", r"DistNetworkError: .*(?i:timed out|timeout)"),
+        keywords=("watchdog", "timed out", "timeout", "monitoredbarrier"),
         fallout=True,
     ),
 )
