@@ -1,8 +1,9 @@
 """The table `explain` reads: for each failure category, the log lines that show it, the cause in plain words
 and the fixes, simplest first.
 
-Patterns are exact phrases PyTorch, CUDA, NCCL and the kernel print (tests/diagnose/corpus holds real
-logs, with their source, for every category). A pattern must name the failure itself, never something a
+Patterns are exact phrases PyTorch, CUDA, NCCL, the driver and other trainers print (tests/diagnose/corpus holds
+real logs with their source and texts in other tools' wording; corpus/heldout is never tuned on, see
+benchmarks/explain.py). A pattern must name the failure itself, never something a
 healthy run also prints, because a match is a diagnosis. A rule's patterns are tried only on lines
 holding one of its keywords, so every pattern must contain one.
 """
