@@ -214,6 +214,28 @@ def bag_of_tokens(checkpointing=False):
     return BagOfTokens()
 
 
+class KeywordSpotter(nn.Module):
+    """Held out (issue 26: the planner had never seen it): a raw-waveform keyword spotter, a long-kernel
+    strided Conv1d front end over 16,000 samples (one second at 16 kHz), three strided Conv1d, GroupNorm
+    and GELU, mean over time, a linear head."""
+
+    def __init__(self, width=32, classes=12):
+        super().__init__()
+        layers, channels = [nn.Conv1d(1, width, 80, stride=4), nn.GroupNorm(4, width), nn.GELU()], width
+        for out in (width, 2 * width, 2 * width):
+            layers += [nn.Conv1d(channels, out, 3, stride=2), nn.GroupNorm(4, out), nn.GELU()]
+            channels = out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, waveform):
+        return self.head(self.features(waveform).mean(-1))
+
+
+def keyword_spotter(checkpointing=False):
+    return KeywordSpotter()
+
+
 # ---- configurations ---------------------------------------------------------------------------------------
 
 def configurations() -> list[tuple[str, TrainingStep]]:
@@ -251,6 +273,8 @@ def configurations() -> list[tuple[str, TrainingStep]]:
         ("conv1d-grouped fp32 b=32", step(conv1d, (64,), 4, 32, **tokens)),
         ("embedding-bag fp32 b=64 accum=2", step(bag_of_tokens, (40,), 4, 64, accumulation_steps=2,
                                                  input_dtype=torch.long, vocabulary_size=5000)),
+        ("kws-conv1d fp32 b=16 (held out)", step(keyword_spotter, (1, 16000), 12, 16)),
+        ("kws-conv1d bf16 b=16 (held out)", step(keyword_spotter, (1, 16000), 12, 16, "bf16")),
     ]
 
 

@@ -6,14 +6,12 @@ model and the batches are built under torch's FakeTensorMode, so every tensor ha
 (meta) storage but no data. Two optimizer steps (the first creates the optimizer state; the second is the
 steady state, where with accumulation the gradients of one micro-batch are alive during the next forward)
 run under `AllocationTracker`, a TorchDispatchMode that sees every op's outputs, counts each new storage
-once and subtracts it when Python frees it, exactly the lifetimes the real allocator sees. This is the
-approach of torch.distributed._tools.mem_tracker.MemTracker; it is re-done here in a few lines so that it
-works on every torch we support and so that we control the categories and the device's rounding rule.
+once and subtracts it when Python frees it, exactly the lifetimes the real allocator sees (the approach of
+torch's MemTracker, re-done in a few lines for every torch we support, our categories and rounding).
 
-What a trace cannot see, accounted for explicitly elsewhere (advise.py): per-device fixed costs (CUDA
-context, cuBLAS/cuDNN workspaces), the caching allocator's fragmentation. Buffers kernels allocate inside
-themselves are modelled in workspaces.py. The 512-byte rounding of the CUDA caching allocator is applied
-here, per storage, when tracing for a CUDA card.
+What a trace cannot see, accounted for elsewhere: per-device fixed costs (CUDA context, cuBLAS/cuDNN
+workspaces, fragmentation: advise.py); buffers kernels allocate inside themselves (workspaces.py, which
+bounds from above what it cannot measure). The CUDA caching allocator's 512-byte rounding is applied here.
 
 Fake CUDA tensors need a CUDA build of torch, so the trace always runs on CPU fake tensors; device
 differences are applied by `TrainingStep.device_kind`: rounding, and where the batches live (on a GPU only
@@ -98,6 +96,7 @@ class StepTrace:
     optimizer_ops: int
     device_kind: DeviceKind
     precision: str
+    bounded_ops: tuple[str, ...] = ()  # CPU kernels whose hidden buffers are an upper bound, not measured
 
 
 # ---- the step itself: the Trainer's own, traced here and measured by the probe and the benchmark ----------
@@ -149,8 +148,7 @@ class AllocationTracker(TorchDispatchMode):
     """Counts live tensor storages; remembers the peak, and when it was, for each part of the step.
 
     Every storage keeps its birth and death on an event clock, so the split of the peak is computed at the
-    end with the final labels: the optimizer's moments, made as temporaries of its first step, count as
-    optimizer state wherever the peak fell."""
+    end with the final labels: the optimizer's moments (temporaries of its first step) are optimizer state."""
 
     def __init__(self, rounding: int = 1, hidden_workspace: Callable[..., tuple] | None = None):
         super().__init__()
@@ -165,6 +163,7 @@ class AllocationTracker(TorchDispatchMode):
         self.bytes_written = {"micro_batches": 0, "optimizer": 0}
         self.ops = {"micro_batches": 0, "optimizer": 0}
         self._records: dict[int, _Storage] = {}  # id(storage) -> record, while the storage lives
+        self.bounded_ops: set[str] = set()  # kernels whose workspace is a bound (workspaces.copies_bound)
         self._history: list[_Storage] = []
 
     def enter_optimizer(self) -> None:
@@ -248,6 +247,7 @@ class AllocationTracker(TorchDispatchMode):
                 self.track(value, nbytes=real)
         if memory.workspace:
             self.workspace(memory.workspace)
+            self.bounded_ops.update([str(func)] if memory.bounded else [])
         return out
 
 
@@ -308,6 +308,7 @@ def trace_step(step: TrainingStep) -> StepTrace:
         optimizer_ops=ops["optimizer"],
         device_kind=step.device_kind,
         precision=step.precision,
+        bounded_ops=tuple(sorted(tracker.bounded_ops)),
     )
 
 

@@ -92,7 +92,7 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     job = job_from_config(config)
     estimate = estimate_job(job)
     machine = read_machine().to_dict()
-    notes = list(job.notes)
+    notes = list(job.notes) + cpu_workspace_notes(estimate)
     probe_result, calibration = None, None
     if request.probe:
         probe_result, calibration, probe_notes = _probe(config, job, estimate, gpus)
@@ -113,6 +113,28 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
         strategies = [plan_strategies(inputs, gpu, request.nproc, options) for gpu in gpus]
     return PlanReport(estimate=estimate, advice=advice, machine=machine, probe=probe_result,
                       prices_as_of=prices.as_of, price_sources=prices.sources, notes=notes, strategies=strategies)
+
+
+def cpu_workspace_notes(estimate: JobEstimate) -> list[str]:
+    """What the CPU memory figures bound from above instead of measuring (workspaces.py), said once."""
+    import torch
+
+    from trainwise.plan.workspaces import probe_threads
+
+    model = estimate.memory.get("cpu")
+    if model is None:
+        return []
+    notes = []
+    bounded = sorted({op.removeprefix("aten.") for trace in model.traces for op in trace.bounded_ops})
+    if bounded:
+        notes.append(f"CPU memory: the internal buffers of {', '.join(bounded)} could not be measured on this "
+                     "CPU (too large to run here), so an upper bound is counted: a reordered copy of every "
+                     "operand, or a convolution's im2col columns.")
+    threads, torch_threads = probe_threads(), torch.get_num_threads()
+    if threads > torch_threads:
+        notes.append(f"CPU memory counts kernels' per-thread buffers for {threads} threads (every usable core; "
+                     f"torch runs {torch_threads} here): an upper bound for a run with fewer threads.")
+    return notes
 
 
 def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...]):

@@ -16,6 +16,15 @@ CPU, the allocator counts all of it. Two kinds, two ways of knowing them:
   smaller batches and extrapolated linearly (reorders grow with the batch, scratchpads do not). The flash
   attention's per-thread buffers and the embedding bag's index sorts are asked the same way.
 
+Two things cannot be known exactly, so they are bounded from above, and the plan says so:
+* buffers taken per thread grow with the number of threads the run will use. oneDNN's gemm-based
+  convolution backward (the weight gradient of a convolution with few input channels, like a stem over a
+  raw 16,000-sample waveform) takes one im2col copy of a sample per thread: 1.3 MiB at 2 threads, 20 MiB at
+  16, a third of such a step. The probe runs kernels with the most threads this machine offers
+  (`probe_threads`), not the fewer the planning process may have.
+* an op too large to run here gets `copies_bound`: a reordered copy of every operand, or the column
+  buffers of an im2col convolution (whole batch, or one sample per thread), whichever is larger.
+
 Only CPU traces use this: on CUDA, cuBLAS/cuDNN workspaces are per-device fixed costs (advise.py).
 """
 from __future__ import annotations
@@ -31,8 +40,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from trainwise.plan.kernel_bounds import (LOW_PRECISION, cpu_im2col_workspace,  # noqa: F401
+                                          per_thread_columns_workspace, probe_threads, threads)
+
 aten = torch.ops.aten
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class KernelMemory:
 
     workspace: int = 0  # allocated and freed inside the kernel: counts at the kernel's peak only
     output_bytes: tuple[int | None, ...] = ()  # real bytes of each tensor output (None: as the fake one)
+    bounded: bool = False  # the workspace is an upper bound (the kernel could not be run here), not measured
 
 
 # ---- ATen kernels: from their source --------------------------------------------------------------------
@@ -131,27 +143,6 @@ def fix_output_dtypes(func, args, out):
     return out
 
 
-def cpu_im2col_workspace(func, args, out) -> int:
-    """Bytes of the im2col buffer of CPU's fallback convolution (aten/src/ATen/native/ConvolutionMM2d.cpp,
-    aten::_slow_conv2d), which CPUs without oneDNN bf16/fp16 support run for low-precision convolutions,
-    forward and backward. A 1×1 convolution with stride 1 and no padding needs none. The probe measures it
-    (with the rest of what the convolution allocates); this is the bound used when an op is too large to
-    probe and oneDNN cannot run it."""
-    if func is aten.convolution.default:
-        inputs, weight, output, stride, padding = args[0], args[1], out, args[3], args[4]
-    elif func is aten.convolution_backward.default:
-        inputs, weight, output, stride, padding = args[1], args[2], args[0], args[4], args[5]
-    else:
-        return 0
-    if inputs.dtype not in LOW_PRECISION or inputs.dim() != 4:
-        return 0
-    kernel_h, kernel_w = weight.shape[2:]
-    if (kernel_h, kernel_w) == (1, 1) and tuple(stride) == (1, 1) and not any(padding):
-        return 0
-    batch, channels = inputs.shape[:2]
-    return batch * channels * kernel_h * kernel_w * output.shape[2] * output.shape[3] * inputs.element_size()
-
-
 # ---- oneDNN kernels: asked of the present CPU -------------------------------------------------------------
 
 # Each probed op, with the (argument, dimension) pairs that carry the batch: what is scaled down when the op
@@ -192,9 +183,11 @@ class KernelProbe:
     def __call__(self, func, args, kwargs, out) -> KernelMemory | None:
         if torch._C._autograd._profiler_enabled():  # a profiler of the caller's: a second one would end it
             return None
-        key = (func, torch.get_num_threads(), torch.is_grad_enabled(), _signature((args, kwargs)))
+        count = probe_threads()
+        key = (func, count, torch.is_grad_enabled(), _signature((args, kwargs)))
         if key not in self._cache:
-            self._cache[key] = self._measure(func, args, kwargs, out)
+            with threads(count):
+                self._cache[key] = self._measure(func, args, kwargs, out)
         return self._cache[key]
 
     def _measure(self, func, args, kwargs, out) -> KernelMemory | None:
@@ -348,12 +341,14 @@ def _mkl_matmul(args) -> bool:
 
 
 def copies_bound(func, args, kwargs, out) -> int:
-    """For an op too large to run here (its weights alone above the probe's limit): one reordered copy of
-    every operand, the most oneDNN's reorders take; or the slow path's im2col where that is larger.
-    Scratchpads are per thread and small beside them; the RNN workspace is not covered."""
+    """For an op that cannot be run here (its weights alone above the probe's limit, or a profiler of the
+    caller's already running): one reordered copy of every operand, the most oneDNN's reorders take, plus
+    a convolution's columns (the slow path's whole-batch im2col or gemm convolution's one per thread,
+    whichever is larger). Other scratchpads are small beside them; the RNN workspace is not covered."""
     table = TABLE_ARGUMENT.get(func, (None,))[0]
     copies = sum(map(_nbytes, _tensors(([a for i, a in enumerate(args) if i != table], kwargs, out))))
-    return max(copies, cpu_im2col_workspace(func, args, out))
+    return copies + max(cpu_im2col_workspace(func, args, out),
+                        per_thread_columns_workspace(func, args, out, probe_threads()))
 
 
 # ---- what a CPU trace adds to each op -----------------------------------------------------------------------
@@ -371,7 +366,8 @@ class CpuKernels:
             return out, None
         if func in PROBED:
             memory = self.probe(func, args, kwargs, out)
-            return out, memory if memory is not None else KernelMemory(copies_bound(func, args, kwargs, out))
+            return out, memory if memory is not None else KernelMemory(copies_bound(func, args, kwargs, out),
+                                                                         bounded=True)
         workspace = ATEN_RULES[func](args, out) if func in ATEN_RULES else 0
         if torch.Tag.pointwise in func.tags:
             workspace += promotion_workspace(func, args, kwargs, out)
