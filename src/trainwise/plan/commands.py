@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -69,7 +70,7 @@ def print_report(report, console: Console) -> None:
                   f"threads, {_bytes(report.machine['ram_available_bytes'])} RAM available; "
                   f"{_duration(cpu.step_time_s / 3600)} per step"
                   f"{' measured' if cpu.measured else ' estimated (--probe measures it)'}.[/]")
-    for title, row in (("Cheapest", advice.cheapest), ("Fastest", advice.fastest)):
+    for title, row in (("Cheapest", _cheapest_shown(advice)), ("Fastest", advice.fastest)):
         if row:
             console.print(f"{title}: [bold]{row.cards}× {row.name}[/] ({row.offer['provider']} "
                           f"{row.offer['instance']}, {row.offer['region']}): {_duration(row.offer['hours'])}, "
@@ -160,11 +161,21 @@ def _duration(hours: float) -> str:
 
 
 def _money(value: float | None) -> str:
+    """Two decimals; below a cent, two significant digits (0.00043), so cheap options still compare."""
     if value is None:
         return "—"
     if 0 < value < 0.01:
-        return "<0.01"
+        return f"{value:.{1 - math.floor(math.log10(value))}f}"
     return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"
+
+
+def _cheapest_shown(advice):
+    """The cheapest option, named only when it is cheaper as shown than another priced option: with one
+    priced option, or all costing the same to the shown digit, none is "cheapest"."""
+    row = advice.cheapest
+    shown = {_money(r.cost_on_demand) for r in advice.rows + advice.multi_gpu
+             if r.fits and r.cost_on_demand is not None}
+    return row if row is not None and len(shown) > 1 else None
 
 
 def _print_strategies(plans, console: Console) -> None:

@@ -69,7 +69,10 @@ class JobEstimate:
 
 # ---- from a RunConfig --------------------------------------------------------------------------------------
 
-def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
+def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
+                    cards_without_bf16: tuple[str, ...] = ()) -> Job:
+    """The job `config` describes. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a
+    V100); `auto` precision is then planned as what it resolves to on them."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.train import choose_precision
 
@@ -78,10 +81,14 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     train = config.train
     micro = train.micro_batch
     notes = []
-    # the trainer's rule, for the card planned for: a bf16 one (Ampere and newer)
-    precision = choose_precision(train.precision, "cuda", bf16_native=True)
+    # the trainer's rule, for the cards planned for: bf16 ones (Ampere and newer) unless none of them has it
+    precision = choose_precision(train.precision, "cuda", bf16_native=not cards_without_bf16)
     cpu_precision = choose_precision(train.precision, "cpu", bf16_native=False)
-    if train.precision == "auto":
+    if train.precision == "auto" and cards_without_bf16:
+        notes.append(f"precision `auto` is planned as {precision}: what it resolves to on "
+                     f"{', '.join(cards_without_bf16)}, which {'has' if len(cards_without_bf16) == 1 else 'have'} "
+                     "no bf16.")
+    elif train.precision == "auto":
         notes.append(f"precision `auto` is planned as {precision} (what it resolves to on bf16 cards: Ampere and "
                      f"newer); older cards (T4, V100) would run "
                      f"{choose_precision('auto', 'cuda', bf16_native=False)}, with the same memory.")

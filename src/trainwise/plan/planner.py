@@ -89,7 +89,8 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     if request.max_gpus < 1:
         raise ConfigError("--gpus-per-node must be at least 1.")
 
-    job = job_from_config(config)
+    without_bf16 = tuple(g.name for g in gpus) if request.gpu_names and not any(g.bf16 for g in gpus) else ()
+    job = job_from_config(config, cards_without_bf16=without_bf16)
     estimate = estimate_job(job)
     machine = read_machine().to_dict()
     notes = list(job.notes) + cpu_workspace_notes(estimate)
