@@ -82,6 +82,28 @@ def test_once_is_one_json_line_after_a_full_cpu_window_and_does_not_say_ctrl_c(m
     console = Console(width=160, record=True)
     run_monitor(interval_s=0.1, once=True, console=console)
     assert "Ctrl-C" not in console.export_text()
-    console = Console(width=160, record=True)
+    console = Console(width=160, record=True, force_terminal=True)   # the live view of a terminal
     run_monitor(interval_s=0.1, max_samples=2, console=console)
     assert "Ctrl-C to quit" in console.export_text()
+
+
+def test_once_ends_its_line_and_shows_no_rate_from_one_sample(monkeypatch):
+    import io
+
+    install_fake_nvml(monkeypatch, [FakeGpu()])
+    out = io.StringIO()
+    samples = run_monitor(interval_s=0.1, once=True, console=Console(file=out, width=160))
+    assert out.getvalue().endswith("\n")
+    assert "disk read" not in out.getvalue() and samples[0]["disk_read_bytes_per_s"] is None
+
+
+def test_piped_without_json_prints_every_sample(monkeypatch):
+    import io
+    import re
+
+    install_fake_nvml(monkeypatch, [FakeGpu()])
+    out = io.StringIO()   # not a terminal: no live view to redraw in place
+    run_monitor(interval_s=0.1, max_samples=3, console=Console(file=out, width=160))
+    text = out.getvalue()
+    assert len(re.findall(r"^\d\d:\d\d:\d\d$", text, re.M)) == 3, text   # one clock line per sample
+    assert text.count("NVIDIA H200") == 3 and text.count("disk read") == 2 and "Ctrl-C" not in text

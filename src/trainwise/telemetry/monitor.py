@@ -43,11 +43,14 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
     live = None
     try:
         time.sleep(FIRST_READING_WAIT_S if once else min(interval_s, FIRST_READING_WAIT_S))
-        if not as_json:
+        # a live view redraws in place on a terminal; piped, or for one sample, each sample is printed in turn
+        if not as_json and limit != 1 and console.is_terminal:
             live = Live(console=console, auto_refresh=False, transient=False)
             live.start()
         while limit is None or len(samples) < limit:
             sample = read_sample(nvml, host)
+            if not samples:  # a rate needs two readings of this monitor's own: the first has none
+                sample["disk_read_bytes_per_s"] = None
             samples.append(sample)
             alerts = (alerts + rules.check_sample(sample))[-SHOWN_ALERTS:]
             if log is not None:
@@ -55,8 +58,11 @@ def run_monitor(*, interval_s: float = 2.0, log_path: Path | None = None, once: 
                 log.flush()
             if as_json:
                 print(json.dumps(sample), flush=True)  # one line per sample, --once included
+            elif live is not None:
+                live.update(render(sample, nvml_error, alerts), refresh=True)
             else:
-                live.update(render(sample, nvml_error, alerts, live=limit != 1), refresh=True)
+                console.print(render(sample, nvml_error, alerts, live=False))
+                console.file.flush()
             if limit is not None and len(samples) >= limit:
                 break
             time.sleep(interval_s)
@@ -90,10 +96,10 @@ def render(sample: dict[str, Any], nvml_error: str | None = None, alerts: list[F
     else:
         parts.append(Text(f"No NVIDIA GPU found ({nvml_error or 'NVML reports no devices'}); "
                           "showing host metrics only.", style="yellow"))
-    disk = sample.get("disk_read_bytes_per_s")
+    disk = sample.get("disk_read_bytes_per_s")  # None for the first sample: no rate from one reading
     parts.append(Text(f"host  CPU {sample['cpu_percent']:.0f}%   RAM {sample['ram_used_bytes'] / GIB:.1f} of "
-                      f"{sample['ram_total_bytes'] / GIB:.0f} GiB ({sample['ram_percent']:.0f}%)   disk read "
-                      f"{'?' if disk is None else f'{disk / 2**20:.1f} MB/s'}"))
+                      f"{sample['ram_total_bytes'] / GIB:.0f} GiB ({sample['ram_percent']:.0f}%)"
+                      + ("" if disk is None else f"   disk read {disk / 2**20:.1f} MB/s")))
     for a in alerts:
         parts.append(Text(f"{a.severity}: {a.title}", style="red" if a.severity == "error" else "yellow"))
     clock = time.strftime("%H:%M:%S", time.localtime(sample["time"]))
