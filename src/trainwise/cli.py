@@ -2,6 +2,7 @@
 package that owns the work, and prints. A TrainwiseError becomes its message and exit code 2."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import warnings
@@ -42,6 +43,52 @@ def _flags_take_no_value() -> None:
 
 _flags_take_no_value()
 
+# One spelling for every argument placeholder, in usage lines, help panels and errors: upper case, the
+# product's words for the common ones, optional ones in brackets, repeated ones followed by "...".
+_PLACEHOLDERS = {"run_dir": "RUN", "run_dirs": "RUN", "overrides": "KEY=VALUE"}
+
+
+def _one_placeholder_spelling() -> None:
+    from typer.core import TyperArgument
+
+    if getattr(TyperArgument, "_trainwise_placeholders", False):
+        return
+
+    def display_name_raw(self) -> str:
+        return self.metavar or _PLACEHOLDERS.get(self.name, self.name.upper())
+
+    def usage_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    TyperArgument.display_name_raw = property(display_name_raw)
+    TyperArgument._usage_display_name = usage_name
+    TyperArgument.display_type_rich = lambda self, ctx: None   # the placeholder says what to give
+    TyperArgument._trainwise_placeholders = True
+
+
+_one_placeholder_spelling()
+
+
+def unwrap_help(text: str | None) -> str | None:
+    """A docstring as Rich should wrap it: the line breaks inside a paragraph (kept short for the source
+    file) become spaces, blank lines still part paragraphs. Rich keeps every newline it is given, which
+    broke help texts mid-sentence at any terminal width."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in paragraph.splitlines()) for paragraph in paragraphs)
+
+
+def _unwrap_help_texts(typer_app: typer.Typer) -> None:
+    """Every command's and group's help, unwrapped (see unwrap_help); call once all are registered."""
+    for info in typer_app.registered_commands:
+        info.help = unwrap_help(info.help or inspect.getdoc(info.callback))
+    for group in typer_app.registered_groups:
+        group.help = unwrap_help(group.help or (group.typer_instance.info.help if group.typer_instance else None))
+        if group.typer_instance is not None:
+            _unwrap_help_texts(group.typer_instance)
+
 app = typer.Typer(
     name="trainwise",
     help="Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server.",
@@ -73,7 +120,7 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print {recipe: d
 def _override_reference() -> str:
     from trainwise.config import field_reference
 
-    lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):", ""]
+    lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):"]
     lines += [f"{key} = {default!r}: {description}" for key, default, description in field_reference()]
     return "\n\n".join(lines)
 
@@ -82,14 +129,17 @@ def _override_reference() -> str:
 def train(
     recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
     overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
-    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node, started by "
-                                        "PyTorch's launcher (torchrun); train.strategy=auto asks the planner."),
-    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Machines in the job (with --rdzv-endpoint)."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This machine's index, 0..nnodes-1."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches "
-                                                "(c10d rendezvous) for several machines."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="RUN", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing, non-empty run directory."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N", help="Ranks (GPUs) per node, "
+                                        "started by PyTorch's launcher (torchrun); with train.strategy=auto the "
+                                        "planner picks the strategy."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, metavar="N", help="Machines in the job; more than one "
+                               "needs --rdzv-endpoint."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, metavar="I",
+                                            help="This machine's index, 0..nnodes-1."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT", help="The address "
+                                                "every node reaches (c10d rendezvous) for several machines."),
 ) -> None:
     """Train a recipe into a new run directory.
 
@@ -149,8 +199,8 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to create."),
-    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", metavar="RUN", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing, non-empty run directory."),
 ) -> None:
     """Train the `digits` recipe, evaluate it on its test split and say where the results are.
 
@@ -249,6 +299,7 @@ def _register_rooms() -> None:
 
 
 _register_rooms()
+_unwrap_help_texts(app)
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

@@ -53,8 +53,8 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    name: str | None = Field("mlp", description="Built-in model: `cnn` (images) or `mlp` (tables). "
-                             "Ignored when `factory` is set.")
+    name: str | None = Field("mlp", description="Built-in model: `cnn` (images), `mlp` (tables), `sasrec`, "
+                             "`gru4rec`, `popularity` or `din` (recommenders). Ignored when `factory` is set.")
     factory: str | None = Field(None, description="Your own model as `package.module:function`; it is called "
                                 "with `args` (and `data_spec=` when it accepts it) and returns an nn.Module.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model builder "
@@ -78,7 +78,8 @@ class DataConfig(Section):
     num_workers: int | Literal["auto"] = Field(0, description="DataLoader worker processes (0: load in the "
                                                "training process); `auto` sizes them from the usable cores, RAM "
                                                "and /dev/shm. At most 2 per usable core.")
-    pin_memory: bool | Literal["auto"] = Field("auto", description="Pin host memory for faster copies to GPU.")
+    pin_memory: bool | Literal["auto"] = Field("auto", description="Pin host memory for faster copies to GPU "
+                                               "(`auto`: when training on a GPU).")
 
     @field_validator("num_workers")
     @classmethod
@@ -103,7 +104,7 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class OptimConfig(Section):
-    name: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer.")
+    name: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer: `adamw`, `adam` or `sgd`.")
     # The ranges torch's optimizers accept, checked here so a bad value is refused before data is loaded
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (after warmup).")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw) or L2 (adam, sgd).")
@@ -116,7 +117,8 @@ class ScheduleConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup from 0 to `optim.lr`.")
     warmup_fraction: float | None = Field(None, ge=0, lt=1, description="Warmup as a share of all steps "
                                           "(replaces warmup_steps when set).")
-    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR shape after warmup.")
+    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR shape after warmup: "
+                                                           "`cosine`, `linear` or `constant`.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR as a share of the peak.")
 
 
@@ -343,6 +345,8 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def parse_value(text: str) -> Any:
+    if text.strip() == "None":  # how the field docs and Python spell YAML's null
+        return None
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:

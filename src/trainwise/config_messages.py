@@ -120,7 +120,7 @@ def _suggestion(loc: list[str]) -> str:
     prefix = ".".join(loc[:-1])
     where = f" in {prefix}" if prefix else ""
     if close:
-        return f" Did you mean {close[0]!r}? Allowed{where}: {', '.join(names)}."
+        return f" Did you mean {'.'.join([*loc[:-1], close[0]])!r}? Allowed{where}: {', '.join(names)}."
     return f" Allowed{where}: {', '.join(names)}."
 
 

@@ -49,7 +49,7 @@ def test_resume_of_a_completed_run_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, phrases", [
     (["digitz"], ["unknown recipe 'digitz'", "Did you mean 'digits'", "breast-cancer"]),
-    (["digits", "optim.lrr=0.1"], ["unknown key 'optim.lrr'", "Did you mean 'lr'"]),
+    (["digits", "optim.lrr=0.1"], ["unknown key 'optim.lrr'", "Did you mean 'optim.lr'"]),
     (["digits", "optim.lr=fast"], ["optim.lr", "valid number"]),
     (["digits", "optim.name=lamb"], ["optim.name", "'adamw', 'adam' or 'sgd'"]),
     (["digits", "train.micro_batch_size=128"], ["micro_batch_size (128) is larger than batch_size (64)"]),
@@ -73,7 +73,7 @@ def test_unknown_key_in_a_yaml_file_names_the_file(tmp_path, capsys):
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("train:\n  max_steps: 10\n  batchsize: 8\n")
     _refused(invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "r")),
-             str(recipe), "train.batchsize: unknown key", "Did you mean 'batch_size'")
+             str(recipe), "train.batchsize: unknown key", "Did you mean 'train.batch_size'")
 
 
 def test_users_own_model_and_data_through_yaml(tmp_path, capsys):
