@@ -11,29 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 import trainwise.data.loader as loader
+from benchmarks.plan_accuracy import KeywordSpotter   # the held-out model of benchmarks/plan_accuracy.py
 from trainwise.plan.memory import TrainingStep, trace_step
 from trainwise.plan.probe import measured_peak_bytes
 
 aten = torch.ops.aten
-
-
-class KeywordSpotter(nn.Module):
-    """Conv1d(1→32, kernel 80, stride 4) over a 16,000-sample waveform, three strided Conv1d, GroupNorm, GELU."""
-
-    def __init__(self, width=32, classes=12):
-        super().__init__()
-        layers, channels = [nn.Conv1d(1, width, 80, stride=4), nn.GroupNorm(4, width), nn.GELU()], width
-        for out in (width, 2 * width, 2 * width):
-            layers += [nn.Conv1d(channels, out, 3, stride=2), nn.GroupNorm(4, out), nn.GELU()]
-            channels = out
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(channels, classes)
-
-    def forward(self, waveform):
-        return self.head(self.features(waveform).mean(-1))
 
 
 def kws_step(precision: str) -> TrainingStep:
