@@ -219,6 +219,7 @@ def test_healthy_lines_are_no_diagnosis():
         "step 100 | loss 0.4312 | lr 3.0e-04 | grad_norm 1.02 | 1532 samples/s",
         "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
         "step 101 | loss: 0.4301 | grad_norm: inf | scale 32768",   # fp16 steps the GradScaler skips
+        "Detected inf gradients, skipping update; loss scale 32768 -> 16384",
         "host:1:2 [0] NCCL INFO Channel 00 : 0[1000] -> 1[2000] via P2P/IPC",
         "epoch 3: val_loss 0.39, val_accuracy 0.912, time 41.2s"])
     assert explain(healthy).code == "unknown"

@@ -54,7 +54,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
         patterns(r"(?i:(?<![a-z])loss\b[ a-z]{0,12}?\b(?:is|became|=|:)\s*(?:nan|inf)\b)",
                  r"(?i:(?<![a-z])loss['\"]?\s*[:=]?\s*['\"]?(?:nan|-?inf(?:inity)?)\b)",   # dicts, JSON, bars
                  r"(?i:loss became infinite or nan)", r"returned nan values in its \d+(?:st|nd|rd|th) output",
-                 r"non-finite loss", r"(?i:\b(?:nan|inf|non-finite) (?:loss|gradients)\b)",
+                 # (not "inf gradients": an fp16 loss scaler skipping a step is healthy)
+                 r"non-finite loss", r"(?i:\b(?:nan|inf|non-finite) loss\b|\bnan gradients\b)",
                  r"(?i:found (?:nan|inf) in (?:local )?grad)", r"Invalid loss, terminating training",
                  r"Detected nan and/or inf values in", r"is non-finite, so it cannot be clipped",
                  r"(?i:minimum loss scale reached)", r"loss scale already at minimum",
