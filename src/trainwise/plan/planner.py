@@ -129,8 +129,8 @@ def cpu_workspace_notes(estimate: JobEstimate) -> list[str]:
     bounded = sorted({op.removeprefix("aten.") for trace in model.traces for op in trace.bounded_ops})
     if bounded:
         notes.append(f"CPU memory: the internal buffers of {', '.join(bounded)} could not be measured on this "
-                     "CPU (too large to run here), so an upper bound is counted: a reordered copy of every "
-                     "operand, or a convolution's im2col columns.")
+                     "CPU (too large to run here, or a profiler was already running), so an upper bound is "
+                     "counted: a reordered copy of every operand plus a convolution's im2col columns.")
     threads, torch_threads = probe_threads(), torch.get_num_threads()
     if threads > torch_threads:
         notes.append(f"CPU memory counts kernels' per-thread buffers for {threads} threads (every usable core; "
