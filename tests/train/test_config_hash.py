@@ -8,7 +8,7 @@ import yaml
 from tests.conftest import invoke, stop_at, tiny_config
 from trainwise.config_diff import config_hash, diff_configs, is_safe_to_change
 from trainwise.errors import ConfigError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.run import resume_run, train_run
 

@@ -22,7 +22,7 @@ from trainwise.diagnose.hardware import hardware_findings
 from trainwise.diagnose.memory import memory_findings
 from trainwise.diagnose.throughput import throughput_findings
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 if TYPE_CHECKING:  # torch is imported where a recommender's section is built: other reports never need it
     import torch

@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.atomic import atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import DataError, RunDirError
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
-from trainwise.run import RunDir
-from trainwise.run_trust import require_trust
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.trust import require_trust
 
 Checkpoint = Literal["best", "last", "final"]
 SPLITS = ("train", "val", "test")

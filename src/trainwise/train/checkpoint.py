@@ -19,10 +19,10 @@ import torch
 
 from trainwise.config_diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
-from trainwise.run_integrity import CheckpointChoice
+from trainwise.rundir.integrity import CheckpointChoice
 
 if TYPE_CHECKING:
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
     from trainwise.train.trainer import Trainer
 
 FORMAT_VERSION = 1

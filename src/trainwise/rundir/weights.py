@@ -1,6 +1,6 @@
 """The final weights file's format: a state dict as safetensors bytes that load with a plain `load_state_dict`.
 
-Only run.py calls this module; RunDir writes the bytes atomically with their checksum (run_integrity.py
+Only layout.py calls this module; RunDir writes the bytes atomically with their checksum (integrity.py
 reads them back and checks them).
 """
 from __future__ import annotations
