@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainwise.config_diff import config_record
+from trainwise.config.diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.rundir.integrity import CheckpointChoice
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from trainwise.config import RunConfig
-from trainwise.config_diff import check_resume_config, config_hash
+from trainwise.config.diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
