@@ -47,7 +47,7 @@ def recsys_section(run: RunDir, checkpoint: str = "best") -> RecommenderSection 
         return None
     import torch  # only now: the other runs' reports need neither torch nor the data builders
 
-    from trainwise.evaluate.run_eval import load_weights
+    from trainwise.rundir.weights import load_weights
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.recsys.ranking import full_ranking
 

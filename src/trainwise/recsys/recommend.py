@@ -24,7 +24,7 @@ class Recommender:
     """A trained recommender run, loaded once: its model, its users' histories and the id mapping."""
 
     def __init__(self, run_path: str | Path, checkpoint: str = "best"):
-        from trainwise.evaluate.run_eval import load_weights
+        from trainwise.rundir.weights import load_weights
         from trainwise.recipes.factories import build_data, build_model
         from trainwise.rundir.layout import RunDir
 
