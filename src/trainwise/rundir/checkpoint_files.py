@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from trainwise.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -20,6 +18,8 @@ FORMAT_VERSION = 1
 def checkpoint_writer(state: dict[str, Any]):
     """A `write(file)` callable for RunDir.save_checkpoint, which hashes the bytes as they are written and
     may call it a second time, into a counting sink, to say how much space a checkpoint needs."""
+    import torch  # readers of a run (report, compare) never load torch for this module
+
     payload = {"format_version": FORMAT_VERSION, **state}
     return lambda f: torch.save(payload, f)
 
@@ -27,6 +27,8 @@ def checkpoint_writer(state: dict[str, Any]):
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file. It is not verified here: choose it with RunDir.latest_intact_checkpoint()
     or check it with RunDir.verify(path) first (a few changed bytes still load, as wrong numbers)."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise RunDirError(f"no checkpoint at {path}. A run writes one after each evaluation, every "
@@ -46,6 +48,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict[str, Any]:
     """A checkpoint's small entries (step, config, config_hash; a checkpoint from before config hashes has
     no `config`) without reading its tensors: the state file of a sharded checkpoint, or the file mapped."""
+    import torch
+
     if sharded:
         state = read_checkpoint(run_dir.checkpoint_dirs.state_path(path))
     else:
