@@ -1,18 +1,40 @@
-"""A checkpoint file's format: a versioned dict of tensors and plain values, written with `torch.save` and read
-with `weights_only=True`, so loading a checkpoint never unpickles arbitrary objects. What goes into one is the
-engine's (train/checkpoint.py); writing it atomically, with its checksum, is RunDir's (layout.py); reading it
-back is here, for the engine's resume and for evaluation alike."""
+"""Where a checkpoint file is written, and its format: a versioned dict of tensors and plain values, written with
+`torch.save` and read with `weights_only=True`, so loading a checkpoint never unpickles arbitrary objects.
+
+What goes into one is the engine's (train/checkpoint.py); `save` writes it atomically into the run directory
+with its checksum, points `last`/`best` at it and rotates old ones (RunDir.save_checkpoint calls it; sharded
+checkpoint directories are checkpoint_dirs.py's); `read_checkpoint` reads one back, for the engine's resume
+and for evaluation alike."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwise.errors import RunDirError
+from trainwise.rundir.atomic import atomic_link, atomic_write_digest
+from trainwise.rundir.integrity import Ledger, disk_full_advice
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
 
 FORMAT_VERSION = 1
+
+
+def save(run: "RunDir", step: int, write, *, is_best: bool, keep_last: int) -> Path:
+    """Write the checkpoint of `step` (`write(file)`, see checkpoint_writer) atomically with its checksum,
+    point `last` (and `best`) at it, keep the newest `keep_last`."""
+    advice = disk_full_advice(run.path)
+    written = atomic_write_digest(run.checkpoint_path(step), write, what="a checkpoint", advice=advice)
+    links = [run.checkpoint_path("last")] + ([run.checkpoint_path("best")] if is_best else [])
+    rotated = [old for _, old in run.step_checkpoints()[:-keep_last]] if keep_last > 0 else []
+    # Recorded before linking: a crash in between leaves `last` failing its check, and a resume falls
+    # back to this step's file, which is the same checkpoint.
+    Ledger(run.checksums_path, run.path).record({p: written for p in [written.path, *links]}, drop=rotated)
+    for link in links:
+        atomic_link(written.path, link, advice=advice)
+    for old in rotated:
+        old.unlink(missing_ok=True)  # `last`/`best` are hard links: their data stays
+    return written.path
 
 
 def checkpoint_writer(state: dict[str, Any]):
