@@ -71,7 +71,7 @@ def test_a_misspelt_key_is_suggested_with_its_section():
 
 @functools.lru_cache(maxsize=None)
 def _help(*args: str, columns: int) -> str:
-    from trainwise.cli import app
+    from trainwise.cli.app import app
 
     result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": str(columns), "TERMINAL_WIDTH": ""})
     assert result.exit_code == 0, result.output
@@ -79,7 +79,7 @@ def _help(*args: str, columns: int) -> str:
 
 
 def _commands() -> list[tuple[str, ...]]:
-    from trainwise.cli import app
+    from trainwise.cli.app import app
 
     names = [(info.name or info.callback.__name__.replace("_", "-"),) for info in app.registered_commands]
     for group in app.registered_groups:
@@ -104,7 +104,7 @@ def test_argument_placeholders_are_spelt_one_way():
 def test_help_texts_do_not_break_mid_sentence():
     """At 300 columns every paragraph of a command's docstring that fits is on one line: the docstrings'
     own line breaks are not kept."""
-    from trainwise.cli import app, unwrap_help
+    from trainwise.cli.app import app, unwrap_help
 
     overview = [line.strip(" │") for line in _help(columns=300).splitlines()]
     for info in app.registered_commands:

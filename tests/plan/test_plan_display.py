@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tests.conftest import invoke
-from trainwise.plan.commands import _cheapest_shown, _money
+from trainwise.cli.plan import _cheapest_shown, _money
 from trainwise.plan.job import job_from_config
 from trainwise.recipes import load_recipe
 

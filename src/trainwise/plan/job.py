@@ -74,7 +74,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
     """The job `config` describes. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a
     V100); `auto` precision is then planned as what it resolves to on them."""
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train import choose_precision
+    from trainwise.runtime.precision import choose_precision
 
     bundle = build_data(config)
     spec = bundle.spec
