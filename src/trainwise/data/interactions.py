@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainwise.data.table_files import TableFile, read_table
 from trainwise.data.tables import find_column as find_table_column
 from trainwise.errors import DataError
 
@@ -46,16 +47,15 @@ def read_movielens(path: Path) -> dict[str, np.ndarray]:
     return {name: table[i] for i, name in enumerate(MOVIELENS_COLUMNS)}
 
 
-def read_interaction_log(path: Path) -> dict[str, np.ndarray]:
-    """The columns of an interaction log: MovieLens `ratings.dat` / `u.data`, RecBole `.inter`, or a table."""
+def read_interaction_log(path: Path, encoding: str | None = None) -> TableFile:
+    """The columns of an interaction log: MovieLens `ratings.dat` / `u.data`, RecBole `.inter`, or a table
+    (`encoding` for a table that is not UTF-8)."""
     suffix = path.suffix.lower()
     if suffix in MOVIELENS_SUFFIXES:
-        return read_movielens(path)
+        return TableFile(read_movielens(path))
     if suffix == ".inter":
-        return read_recbole_inter(path)
-    from trainwise.data.tables import read_columns
-
-    return read_columns(path)
+        return TableFile(read_recbole_inter(path))
+    return read_table(path, encoding)
 
 
 def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
@@ -88,6 +88,51 @@ def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
 def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
                 path: Path) -> str:
     return find_table_column(columns, given, names, role, path, f"--{role}-col")
+
+
+@dataclass(frozen=True)
+class LogColumns:
+    """Which column of a log plays which part."""
+
+    user: str
+    item: str
+    time: str
+    event: str | None        # behaviour type (view/cart/buy)
+    target: str | None       # rating; None: implicit feedback
+    extras: tuple[str, ...]  # other numeric columns, kept as features
+
+
+def log_columns(columns: dict[str, np.ndarray], path: Path, *, user: str | None = None, item: str | None = None,
+                time: str | None = None, event: str | None = None, target: str | None = None) -> LogColumns:
+    """The columns the user named, else the first with a usual name for each part."""
+    user = find_column(columns, user, USER_NAMES, "user", path)
+    item = find_column(columns, item, ITEM_NAMES, "item", path)
+    time = find_column(columns, time, TIME_NAMES, "time", path)
+    event = find_event_column(columns, event, path)
+    target = target or next((c for c in columns if c.lower() in TARGET_NAMES and c not in (user, item, time, event)),
+                            None)
+    extras = tuple(c for c, v in columns.items() if c not in (user, item, time, target, event) and v.dtype != object)
+    return LogColumns(user, item, time, event, target, extras)
+
+
+def drop_duplicate_events(columns: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str | None]:
+    """The log without rows that repeat an earlier row in every column (the first is kept), and a warning
+    saying how many went; None when there were none. A repeated event would sit in both validation and test
+    under --split last-k: the same (user, item, time) the model is tested on, shown to it for validation."""
+    n = len(next(iter(columns.values()), []))
+    if n == 0:
+        return columns, None
+    codes = np.stack([np.unique(v.astype(str) if v.dtype == object else v, return_inverse=True)[1].reshape(-1)
+                      for v in columns.values()], axis=1)
+    _, first = np.unique(codes, axis=0, return_index=True)
+    if len(first) == n:
+        return columns, None
+    keep = np.sort(first)
+    repeats = np.setdiff1d(np.arange(n), keep)
+    warning = (f"dropped {n - len(keep):,} of {n:,} events that repeat an earlier row exactly (every column the "
+               f"same; the first at row {repeats[0] + 1}); kept one of each, so a repeated event cannot sit in both "
+               "validation and test. --keep-duplicates keeps them.")
+    return {name: values[keep] for name, values in columns.items()}, warning
 
 
 def looks_like_interactions(columns: dict[str, np.ndarray]) -> bool:
