@@ -139,3 +139,19 @@ def test_report_on_a_config_with_a_nul_byte_warns_and_escapes_it(trained, tmp_pa
     html = (run / "report.html").read_bytes()
     assert b"\x00" not in html and b"\x1b" not in html
     assert b"name: mlp\\x00\\x1b[31m" in html and b"is not a config trainwise can read" in html
+
+
+@pytest.mark.slow
+def test_a_two_row_table_warns_of_its_empty_splits_and_eval_offers_the_split_there_is(tmp_path, capsys,
+                                                                                     wide_terminal):
+    (tmp_path / "t.csv").write_text("x,label\n1,0\n2,1\n")
+    prepared = invoke(capsys, "prepare", str(tmp_path / "t.csv"), "--to", str(tmp_path / "data"))
+    out = " ".join(prepared.stdout.split())
+    assert prepared.returncode == 0 and "warning: the validation split is empty: 0.1 of 2 samples" in out
+    assert "warning: the test split is empty" in out and "train cannot pick a best checkpoint" in out
+    trained = invoke(capsys, "train", "table", f"data.path={tmp_path / 'data'}", "train.max_steps=2",
+                     "train.batch_size=1", "schedule.warmup_steps=0", "telemetry.enabled=false",
+                     "--out", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr
+    _refused(invoke(capsys, "eval", str(tmp_path / "run")), "has no test split",
+             "held out none of a small table", "evaluate another: --split train.")

@@ -94,8 +94,11 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     bundle = build_data(config)
     dataset = getattr(bundle, split)
     if dataset is None or len(dataset) == 0:
-        raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0?); "
-                        f"evaluate another with --split {'val' if split == 'test' else 'test'}.")
+        others = [name for name in ("test", "val", "train") if name != split and getattr(bundle, name) is not None
+                  and len(getattr(bundle, name))]
+        raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0, or `trainwise prepare` "
+                        "held out none of a small table); evaluate another: "
+                        + " or ".join(f"--split {name}" for name in others) + ".")
     model = build_model(config, bundle.spec)
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)
