@@ -160,3 +160,15 @@ def test_last_k_zero_warns_and_negative_is_refused(tmp_path):
     assert any(w.startswith("the validation split is empty: --last-k 0 holds out no events") for w in result.warnings)
     with pytest.raises(DataError, match="--last-k -1"):
         prepare(source, tmp_path / "n", PrepareOptions(split="last-k", last_k=-1))
+
+
+def test_a_latin1_interaction_log_is_refused_then_read_with_encoding(tmp_path):
+    inter = write(tmp_path / "x.inter", b"user_id:token\titem_id:token\ttimestamp:float\n" +
+                  b"".join(b"u%d\xe9\ti%d\t%d\n" % (u, i, i) for u in range(3) for i in range(4)))
+    with pytest.raises(DataError, match=r"x.inter is not UTF-8 \(line 2: byte 0xe9\)"):
+        prepare(inter, tmp_path / "o", PrepareOptions())
+    log = write(tmp_path / "log.csv", b"user_id,item_id,timestamp\n" +
+                b"".join(b"u%d\xe9,i%d,%d\n" % (u, i, i) for u in range(3) for i in range(4)))
+    for source in (inter, log):
+        manifest = prepare(source, tmp_path / source.stem, PrepareOptions(encoding="latin-1"), workers=1).manifest
+        assert manifest["num_users"] == 3

@@ -72,6 +72,11 @@ def prepare(
         task_id = bar.add_task("prepare", total=None)
         result = run_prepare(source, to, options, workers=workers, force=force,
                              progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    _print_result(result, to)
+
+
+def _print_result(result, to: Path) -> None:
+    """What prepare did, how it read the source, what it warns of, and the command that trains on it."""
     for note in result.notes:
         console.print(note, highlight=False, markup=False, soft_wrap=True)
     for warning in result.warnings:

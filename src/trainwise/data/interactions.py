@@ -5,7 +5,9 @@ Two leak-free splits:
 - `time`: one global cut-off; every training event happens before every validation event, and those
   before every test event (what you would see deploying on a date).
 - `last-k`: each user's last k events are test, the k before them validation, the rest training.
-A random split would put a user's later clicks into training and let the model "predict" what it saw.
+A random split would put a user's later clicks into training and let the model "predict" what it saw. For the
+same reason an event repeated exactly (an export that wrote every row twice) is dropped before splitting:
+under last-k its copies would be both a validation and a test event.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainwise.data.table_files import TableFile, read_table
+from trainwise.data.table_files import TableFile, not_utf8, read_table
 from trainwise.data.tables import find_column as find_table_column
 from trainwise.errors import DataError
 
@@ -54,17 +56,20 @@ def read_interaction_log(path: Path, encoding: str | None = None) -> TableFile:
     if suffix in MOVIELENS_SUFFIXES:
         return TableFile(read_movielens(path))
     if suffix == ".inter":
-        return TableFile(read_recbole_inter(path))
+        return TableFile(read_recbole_inter(path, encoding))
     return read_table(path, encoding)
 
 
-def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
+def read_recbole_inter(path: Path, encoding: str | None = None) -> dict[str, np.ndarray]:
     """RecBole's atomic `.inter` file: tab-separated, header fields typed as `name:token` / `name:float`.
     The types are dropped from the names (`user_id:token` → `user_id`); numeric columns come back float."""
     import csv
 
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
+    try:
+        with open(path, newline="", encoding=encoding or "utf-8") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     if not rows:
         raise DataError(f"{path}: empty file; a RecBole .inter file starts with a typed header such as "
                         "`user_id:token<TAB>item_id:token<TAB>timestamp:float`.")

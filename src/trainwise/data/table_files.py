@@ -95,10 +95,10 @@ def _read_pyarrow(path: Path, delimiter: str, encoding: str | None,
         names = [table.schema.field(i).name for i in range(table.num_columns)]
         return names, [_to_numpy(table.column(i)) for i in range(table.num_columns)]
     except UnicodeDecodeError:
-        raise _not_utf8(path) from None
+        raise not_utf8(path) from None
     except (pa.ArrowInvalid, OSError) as e:
         if encoding is None and not parquet and "utf8" in str(e).lower().replace("-", ""):
-            raise _not_utf8(path) from None
+            raise not_utf8(path) from None
         raise DataError(f"{path}: cannot read the table ({e}).") from None
 
 
@@ -118,7 +118,7 @@ def _read_csv_module(path: Path, delimiter: str, encoding: str | None) -> tuple[
             header = next(reader, None)
             rows = list(reader)
     except UnicodeDecodeError:
-        raise _not_utf8(path) from None
+        raise not_utf8(path) from None
     if not header:
         raise DataError(f"{path}: empty file; a table needs a header row.")
     columns = []
@@ -131,7 +131,7 @@ def _read_csv_module(path: Path, delimiter: str, encoding: str | None) -> tuple[
     return header, columns
 
 
-def _not_utf8(path: Path) -> DataError:
+def not_utf8(path: Path) -> DataError:
     where = first_non_utf8(path)
     at = f" (line {where[0]}: byte {where[1]:#04x})" if where else ""
     return DataError(f"{path} is not UTF-8{at}. Re-save it as UTF-8 (in a spreadsheet: Save as, CSV UTF-8), or "
