@@ -138,7 +138,7 @@ def test_a_repeated_event_never_sits_in_two_splits(log):
           derandomize="TRAINWISE_FUZZ_EXAMPLES" not in os.environ)
 @given(log=st.binary(max_size=2000) | st.text(max_size=2000).map(str.encode))
 def test_explain_reads_a_pipe_as_it_reads_the_same_bytes_from_a_file(log):
-    from trainwise.diagnose.commands import _read_log
+    from trainwise.cli.diagnose import _read_log
     from trainwise.errors import TrainwiseError
 
     scratch = Path(tempfile.mkdtemp(prefix="trainwise-pipe-fuzz-"))
