@@ -127,7 +127,10 @@ def test_a_csv_separated_otherwise_is_read_as_such_and_said(tmp_path, sep, name)
     source = table(tmp_path / "t.csv", "a,b,label", [f"{i},{i * 2},{i % 2}" for i in range(30)], sep=sep)
     result = prepare(source, tmp_path / "o", PrepareOptions(), workers=1)
     assert result.manifest["features"] == ["a", "b"]
-    assert f"t.csv: read as {name}-separated (its header line has {name}s and no commas)." in result.notes
+    assert f"t.csv: read as {name}-separated (its header line has {name}s and no commas between its names)." \
+        in result.notes
+    quoted = write(tmp_path / "q.csv", f'"a,b"{sep}label\n' + "".join(f"{i}{sep}{i % 2}\n" for i in range(30)))
+    assert prepare(quoted, tmp_path / "q", PrepareOptions(), workers=1).manifest["features"] == ["a,b"]
 
 
 def test_empty_held_out_splits_are_warned(tmp_path):

@@ -71,12 +71,15 @@ def sniff_delimiter(path: Path, encoding: str | None = None) -> tuple[str, list[
         raise DataError(f"{path}: cannot read the table ({e.strerror or e}).") from None
     header = head.decode(encoding or "utf-8", errors="replace").lstrip("\ufeff").splitlines()[:1]
     line = header[0] if header else ""
-    if "," in line:
-        return ",", []
-    for delimiter, name in (("\t", "tab"), (";", "semicolon")):
-        if delimiter in line:
-            return delimiter, [f"{path.name}: read as {name}-separated (its header line has {name}s and no "
-                               "commas)."]
+
+    def fields(delimiter: str) -> int:  # quotes respected: "a,b" is one name
+        return len(next(csv.reader([line], delimiter=delimiter), []))
+
+    if fields(",") < 2:
+        for delimiter, name in (("\t", "tab"), (";", "semicolon")):
+            if fields(delimiter) >= 2:
+                return delimiter, [f"{path.name}: read as {name}-separated (its header line has {name}s and no "
+                                   "commas between its names)."]
     return ",", []
 
 
