@@ -175,3 +175,18 @@ def test_a_latin1_interaction_log_is_refused_then_read_with_encoding(tmp_path):
     for source in (inter, log):
         manifest = prepare(source, tmp_path / source.stem, PrepareOptions(encoding="latin-1"), workers=1).manifest
         assert manifest["num_users"] == 3
+
+
+def test_a_dataset_prepared_before_the_new_options_is_still_up_to_date(tmp_path):
+    import json
+
+    from trainwise.data.shards import write_manifest
+
+    source = table(tmp_path / "t.csv", "x,label", rows(40))
+    prepare(source, tmp_path / "o", PrepareOptions(), workers=1)
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    for added in ("keep_duplicates", "encoding", "numeric", "categorical", "max_image_pixels"):
+        del manifest["options"][added]  # as an older trainwise recorded them
+    write_manifest(tmp_path / "o", {k: v for k, v in manifest.items() if k not in ("format", "format_version")})
+    assert prepare(source, tmp_path / "o", PrepareOptions(), workers=1).status == "up-to-date"
+    assert prepare(source, tmp_path / "o", PrepareOptions(numeric="x"), workers=1).status == "prepared"

@@ -104,7 +104,8 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     _check_destination(to, source)
     if (to / MANIFEST).is_file() and not force:
         manifest = _intact_manifest(to)
-        if manifest.get("source", {}).get("fingerprint") == fingerprint and manifest.get("options") == recorded:
+        if manifest.get("source", {}).get("fingerprint") == fingerprint and same_options(manifest.get("options"),
+                                                                                        recorded):
             if CHECKSUM not in manifest:  # written by an older trainwise, its shards check out: add one
                 write_manifest(to, manifest)
             manifest = read_manifest(to)
@@ -127,6 +128,14 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     status = "resumed" if job.reused else "prepared"
     return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings + said["warnings"],
                          said["notes"])
+
+
+def same_options(old: Any, new: dict[str, Any]) -> bool:
+    """Whether a manifest's recorded options are `new`; an option added since it was written counts as its
+    default, so a dataset prepared by an older trainwise is not redone for options it could not have had."""
+    defaults = asdict(PrepareOptions())
+    return isinstance(old, dict) and set(old) <= set(new) and all(old.get(key, defaults.get(key)) == value
+                                                                  for key, value in new.items())
 
 
 def _intact_manifest(to: Path) -> dict[str, Any]:
