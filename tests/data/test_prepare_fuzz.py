@@ -157,3 +157,18 @@ def test_explain_reads_a_pipe_as_it_reads_the_same_bytes_from_a_file(log):
         assert outcomes[0] == outcomes[1]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@FUZZ
+@given(rows=st.lists(st.tuples(st.sampled_from([0.0, 1.0, float("nan"), 1e300]), st.sampled_from([None, "x", "é", ""]),
+                               st.integers(-2, 2).map(float)), min_size=1, max_size=30))
+def test_row_keys_are_equal_exactly_when_rows_are(rows):
+    from trainwise.data.interactions import row_keys
+
+    columns = {"a": np.array([r[0] for r in rows]), "s": np.array([r[1] for r in rows], dtype=object),
+               "b": np.array([r[2] for r in rows])}
+    keys = row_keys(columns)
+    same = [tuple("nan" if v != v else v for v in row) for row in rows]  # NaN equals NaN, as a repeat
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (keys[i] == keys[j]) == (same[i] == same[j])
