@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import trainwise.data
-from trainwise.data import tables
+from trainwise.data import table_files, tables
 from trainwise.data.prepare import PrepareOptions, prepare
 from trainwise.errors import DataError
 
@@ -78,12 +78,12 @@ def test_parquet_and_the_csv_module_fallback_read_the_same_table(tmp_path, monke
 
     rows = churn_rows(60)
     source = write_csv(tmp_path / "churn.csv", ["age", "plan", "spend", "label"], rows)
-    with_arrow = tables.read_columns(source)
+    with_arrow = table_files.read_columns(source)
     pq.write_table(pa.table({"age": [r[0] for r in rows], "plan": [r[1] or None for r in rows],
                              "spend": [r[2] if r[2] != "" else None for r in rows],
                              "label": [r[3] or None for r in rows]}), tmp_path / "churn.parquet")
-    from_parquet = tables.read_columns(tmp_path / "churn.parquet")
-    fallback = tables._read_csv_module(source)
+    from_parquet = table_files.read_columns(tmp_path / "churn.parquet")
+    fallback = dict(zip(*table_files._read_csv_module(source, ",", None)))
     for name in ("age", "spend"):
         np.testing.assert_array_equal(with_arrow[name], fallback[name])
         np.testing.assert_array_equal(with_arrow[name], from_parquet[name])

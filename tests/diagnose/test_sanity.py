@@ -168,3 +168,15 @@ def test_the_check_leaves_the_random_state_alone_and_train_refuses_errors():
         splits["test"][0][:] = splits["train"][0][: len(splits["test"][0])]
     with pytest.raises(DataError, match="(?s)train_test_leakage.*train.sanity=false"):
         raise_for_errors(sanity_check(tiny_config(), _bundle(leak)))
+
+
+def test_a_loss_of_zero_from_the_start_is_nothing_to_learn_not_a_loss_that_became_zero():
+    # one class and one output: cross-entropy is 0 whatever the weights (issue 28: "cannot overfit one batch:
+    # the loss became 0.0" contradicted itself)
+    model = nn.Linear(30, 1)
+    inputs, _ = _batch()
+    finding = overfit_one_batch(model, inputs, torch.zeros(len(inputs), dtype=torch.long),
+                                optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loss_fn=_loss)
+    assert finding.code == "overfit_probe_nothing_to_learn" and finding.severity == "error"
+    assert finding.title == "the loss is 0 from the first step: nothing to learn" and "became" not in finding.detail
+    assert "at least two classes" in finding.fixes[0]

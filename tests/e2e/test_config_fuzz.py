@@ -139,7 +139,8 @@ STRINGS = {
     "model.factory": ["tests.e2e.user_data:tiny_model", "builtins:dict", f"{HERE}:raising_model",
                       "no_such_pkg.mod:fn", "os:getcwd"],
     "data.factory": ["tests.e2e.user_data:good", "tests.e2e.user_data:bad_labels", f"{HERE}:raising_data"],
-    "data.path": [".", "/", "tests", "/nonexistent"],
+    "data.path": [".", "/", "tests", "/nonexistent", *(f"SCRATCH/{name}" for name in ("latin1.csv", "pipe",
+                                                                                      "prepared-inf", "prepared-tiny"))],
 }
 
 GARBAGE = st.sampled_from([
@@ -296,6 +297,22 @@ def _first_field(stderr: str) -> str:
     return line.split(":")[0].split(" ")[0][:30]
 
 
+def _user_data(scratch: Path, overrides: str) -> None:
+    """The data paths the overrides name (issue 28's families): a latin-1 CSV that was never prepared, a named
+    pipe, a prepared table whose inf cell was read as missing, and one of two rows (empty val and test)."""
+    from trainwise.data.prepare import PrepareOptions, prepare
+
+    if "latin1.csv" in overrides:
+        (scratch / "latin1.csv").write_bytes(b"caf\xe9,label\n1,0\n2,1\n")
+    if "/pipe" in overrides:
+        os.mkfifo(scratch / "pipe")
+    for name, rows in (("prepared-inf", ["inf,0", *(f"{i},{i % 2}" for i in range(40))]),
+                       ("prepared-tiny", ["1,0", "2,1"])):
+        if name in overrides:
+            (scratch / f"{name}.csv").write_text("x\tlabel\n" + "\n".join(r.replace(",", "\t") for r in rows) + "\n")
+            prepare(scratch / f"{name}.csv", scratch / name, PrepareOptions(), workers=1)
+
+
 @pytest.mark.slow
 @settings(max_examples=int(os.environ.get("TRAINWISE_FUZZ_EXAMPLES", 60)), deadline=None, database=None,
           derandomize="TRAINWISE_FUZZ_EXAMPLES" not in os.environ,
@@ -316,9 +333,15 @@ def _first_field(stderr: str) -> str:
 @example(recipe="breast-cancer", overrides=[f"data.factory={HERE}:raising_data"], out="new")
 @example(recipe="breast-cancer", overrides=[], out="unwritable")
 @example(recipe="breast-cancer", overrides=["train.epochs=.inf", "train.max_steps=null"], out="new")
+@example(recipe="table", overrides=["data.path=SCRATCH/latin1.csv"], out="new")
+@example(recipe="table", overrides=["data.path=SCRATCH/pipe"], out="new")
+@example(recipe="table", overrides=["data.path=SCRATCH/prepared-inf"], out="new")
+@example(recipe="table", overrides=["data.path=SCRATCH/prepared-tiny", "train.batch_size=1"], out="new")
 def test_train_raises_nothing_but_trainwise_errors(recipe, overrides, out):
     scratch = Path(tempfile.mkdtemp(prefix="trainwise-fuzz-"))
     try:
+        overrides = [override.replace("SCRATCH", str(scratch)) for override in overrides]
+        _user_data(scratch, " ".join(overrides))
         (scratch / "file").write_text("")
         target = {"new": scratch / "run", "file": scratch / "file" / "run", "unwritable": Path("/proc/tw-fuzz")}
         code, err = run_train(recipe, BASE + overrides, str(target[out]))

@@ -41,10 +41,8 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
     model.to(device).train()
     step = TrainStep(model, optimizer, loss_fn=loss_fn, precision=precision, device=device,  # type: ignore[arg-type]
                      accumulation_steps=1, grad_clip_norm=grad_clip_norm, model_name=model_name)
-    batch = [(inputs, targets)]
     started = time.perf_counter()
-    losses: list[float] = []
-    norms: list[float] = []
+    losses, norms = [], []  # per step: the loss, the gradient norm
     before = [p.detach().clone() for p in model.parameters()]
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -53,7 +51,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
         torch.set_num_threads(1)
     try:
         for _ in range(steps):
-            outcome = step(batch)
+            outcome = step([(inputs, targets)])
             losses.append(float(outcome.loss))
             norms.append(float(outcome.grad_norm))
     except RuntimeError as error:  # a detached output: "element 0 of tensors does not require grad"
@@ -72,6 +70,8 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
                 "first_grad_norm": norms[0], "last_grad_norm": norms[-1], "largest_weight_change": moved,
                 "lr": optimizer.param_groups[0]["lr"], "seconds": elapsed,
                 "rule": f"loss below {SHARP_KEPT:.0%} of its start after {steps} steps"}
+    if first == 0:  # not a failure to learn: there is nothing to learn (one class and one output, say)
+        return _nothing_to_learn(len(inputs), evidence)
     if not math.isfinite(last) or not math.isfinite(kept) or moved == 0:
         why = (f"the loss became {last}" if not math.isfinite(last) or not math.isfinite(kept) else
                "the gradient norm is 0: no gradient reaches the weights" if norms[0] == 0 else
@@ -89,6 +89,15 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
     return Finding("overfit_probe", "info", f"overfits one batch: loss {first:.3g} → {last:.3g} in {steps} steps",
                    "The model, loss and optimizer are wired: gradients reach the weights and the loss follows the "
                    "labels.", evidence)
+
+
+def _nothing_to_learn(rows: int, evidence: dict) -> Finding:
+    return Finding("overfit_probe_nothing_to_learn", "error", "the loss is 0 from the first step: nothing to learn",
+                   f"On one batch of {rows} rows the loss is exactly 0 before any training, so no gradient can move "
+                   "the weights and the model learns nothing. Usually every label is the same class and the model "
+                   "has one output per class (one), or the loss does not depend on the labels.", evidence,
+                   ("Check the labels hold at least two classes, and that the model has one output per class "
+                    "(`trainwise prepare` refuses a table with one).", CHECKS[2]))
 
 
 def _first_line(error: BaseException) -> str:

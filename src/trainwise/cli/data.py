@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainwise.errors import DataError
@@ -43,6 +44,16 @@ def prepare(
                                             "default: one named event), kept as a feature recommenders read."),
     session_gap: Optional[str] = typer.Option(None, help="Interactions: a pause longer than this (e.g. 30m, "
                                               "2h) starts a new session; each event keeps its session id."),
+    keep_duplicates: bool = typer.Option(False, help="Interactions: keep events that repeat an earlier row "
+                                         "exactly (by default they are dropped and counted)."),
+    encoding: Optional[str] = typer.Option(None, help="Tables and logs: the text encoding when it is not UTF-8, "
+                                           "e.g. latin-1 or cp1252."),
+    numeric: Optional[str] = typer.Option(None, help="Tables: columns to read as numbers, comma-separated; their "
+                                          "text cells count as missing."),
+    categorical: Optional[str] = typer.Option(None, help="Tables: columns to read as categories (one-hot), "
+                                              "comma-separated, even when they hold numbers."),
+    max_image_pixels: Optional[int] = typer.Option(None, help="Images: read images up to this many pixels "
+                                                   "(default: Pillow's decompression-bomb limit, about 89 million)."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -53,14 +64,23 @@ def prepare(
     options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              shard_size=shard_size, size=size, channels=channels, label=label, task=task,
                              user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
-                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap)
+                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap,
+                             keep_duplicates=keep_duplicates, encoding=encoding, numeric=numeric,
+                             categorical=categorical, max_image_pixels=max_image_pixels)
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)
         result = run_prepare(source, to, options, workers=workers, force=force,
                              progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    _print_result(result, to)
+
+
+def _print_result(result, to: Path) -> None:
+    """What prepare did, how it read the source, what it warns of, and the command that trains on it."""
+    for note in result.notes:
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     manifest = result.manifest
     if result.status == "up-to-date":
         console.print(f"{to}: up to date (same source and options); nothing to do. Use --force to redo it.",
@@ -72,11 +92,12 @@ def prepare(
     console.print(f"prepared {manifest['kind']} into {to}: {counts}{resumed}", soft_wrap=True)
     skipped = manifest.get("skipped") or {}
     if skipped.get("count"):
-        names = [s["file"] for s in skipped.get("files", [])][:5] or [f"row {r}" for r in skipped.get("rows", [])][:5]
+        names = ([f"{s['file']} ({s['reason']})" for s in skipped.get("files", [])][:5]
+                 or [f"row {r}" for r in skipped.get("rows", [])][:5])
         listed = f": {', '.join(names)}{' ...' if skipped['count'] > len(names) else ''}" if names else ""
         why = f" ({skipped['reason']})" if skipped.get("reason") else ""
-        console.print(f"[yellow]skipped {skipped['count']}[/]{why}{listed} (all listed in manifest.json)",
-                      highlight=False)
+        console.print(f"[yellow]skipped {skipped['count']}[/]{escape(why + listed)} (all listed in manifest.json)",
+                      highlight=False, soft_wrap=True)
     _print_next_step(manifest, to)
 
 

@@ -197,12 +197,7 @@ def _read_log(source: str) -> str:
         stream = getattr(sys.stdin, "buffer", None)
         data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "replace")
     else:
-        path = Path(source)
-        if path.is_dir():
-            raise ConfigError(f"{name} is a directory: give the log file of the failed run.")
-        if not path.is_file():
-            raise ConfigError(f"{name}: no such file.")
-        data = path.read_bytes()
+        data = _read_log_file(Path(source))
     if not data.strip():
         raise ConfigError(f"{name} is empty: give the log of the failed run (stdout and stderr, `2>&1`).")
     text = data.decode("utf-8", errors="replace")
@@ -210,6 +205,26 @@ def _read_log(source: str) -> str:
     if b"\x00" in data or controls > MAX_CONTROL_SHARE * len(text):
         raise ConfigError(f"{name} is not a text log (binary data): give the log of the failed run.")
     return text
+
+
+def _read_log_file(path: Path) -> bytes:
+    """A regular file, or a pipe (`trainwise explain <(cat log)`, a FIFO): read to the end. Anything else (a
+    directory, a device) is refused: reading /dev/zero would never end."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path} is a directory: give the log file of the failed run.")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise ConfigError(f"{path} is not a regular file or a pipe; give the log file, or pipe the log in with "
+                              f"`-`: `trainwise explain - < run.log`.")
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file.") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e}).") from None
 
 
 def _print_finding(console: Console, finding) -> None:

@@ -42,7 +42,7 @@ def eval_command(
         print(json.dumps(result, indent=2))
         return
     table = Table("metric", "value", "compare with", box=None,
-                  title=f"{split} split, {checkpoint} weights (step {result.get('step')})")
+                  title=f"{split} split, {result['checkpoint']} weights (step {result.get('step')})")
     for metric, value, compare in headline(result):
         table.add_row(metric, value, compare)
     console.print(table)

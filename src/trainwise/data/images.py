@@ -51,13 +51,20 @@ def scan_image_folder(root: Path) -> ImageFolder:
     return ImageFolder(root, tuple(files), np.asarray(labels, dtype=np.int64), tuple(classes))
 
 
-def decode_image(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One image as uint8 (channels, height, width): resized so it covers `size`, then center-cropped."""
+def decode_image(path: Path, size: tuple[int, int], channels: int, max_pixels: int | None = None) -> np.ndarray:
+    """One image as uint8 (channels, height, width): resized so it covers `size`, then center-cropped. An
+    image of more than `max_pixels` (default: Pillow's decompression-bomb limit) raises."""
     from PIL import Image, ImageOps
 
+    limit = Image.MAX_IMAGE_PIXELS
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(path) as image:
+        Image.MAX_IMAGE_PIXELS = max_pixels or limit
+        try:
+            image = Image.open(path)
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        with image:
             mode = "RGB" if channels == 3 else "L"
             image.draft(mode, (size[1], size[0]))  # JPEG: decode at reduced scale, much faster for big photos
             image = ImageOps.exif_transpose(image).convert(mode)
@@ -72,7 +79,7 @@ def image_shard_task(job: dict[str, Any]) -> dict[str, Any]:
     images, labels, skipped = [], [], []
     for name, label in zip(job["files"], job["labels"]):
         try:
-            images.append(decode_image(root / name, size, channels))
+            images.append(decode_image(root / name, size, channels, job.get("max_pixels")))
             labels.append(label)
         except Exception as error:  # noqa: BLE001 - any undecodable file is skipped and named, by design
             skipped.append({"file": name, "reason": f"{type(error).__name__}: {error}"[:200]})
@@ -84,6 +91,23 @@ def image_shard_task(job: dict[str, Any]) -> dict[str, Any]:
              "sum": (sums.sum(axis=(0, 2)) / 255).tolist(),
              "sum_sq": ((sums / 255) ** 2).sum(axis=(0, 2)).tolist()}
     return {"shard": shard, "skipped": skipped, "stats": stats}
+
+
+def skip_advice(skipped: list[dict[str, Any]]) -> str | None:
+    """What to do about skipped files that were too large (Pillow's guard against decompression bombs): the
+    limit to pass so that the largest of them is read."""
+    import math
+    import re
+
+    from PIL import Image
+
+    sizes = [int(m.group(1)) for s in skipped if (m := re.search(r"Image size \((\d+) pixels\)", s.get("reason", "")))]
+    if not sizes:
+        return None
+    above = int(math.ceil(max(sizes) * 1.01 / 1e6) * 1e6)
+    return (f"{len(sizes)} skipped as larger than the limit on pixels, Pillow's guard against decompression bombs "
+            f"({Image.MAX_IMAGE_PIXELS:,} by default). If they are genuine large photos, raise it: "
+            f"--max-image-pixels {above}.")
 
 
 def channel_stats(results: list[dict[str, Any]]) -> dict[str, list[float]]:

@@ -5,7 +5,9 @@ Two leak-free splits:
 - `time`: one global cut-off; every training event happens before every validation event, and those
   before every test event (what you would see deploying on a date).
 - `last-k`: each user's last k events are test, the k before them validation, the rest training.
-A random split would put a user's later clicks into training and let the model "predict" what it saw.
+A random split would put a user's later clicks into training and let the model "predict" what it saw. For the
+same reason an event repeated exactly (an export that wrote every row twice) is dropped before splitting:
+under last-k its copies would be both a validation and a test event.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainwise.data.table_files import TableFile, not_utf8, read_table
 from trainwise.data.tables import find_column as find_table_column
 from trainwise.errors import DataError
 
@@ -46,25 +49,27 @@ def read_movielens(path: Path) -> dict[str, np.ndarray]:
     return {name: table[i] for i, name in enumerate(MOVIELENS_COLUMNS)}
 
 
-def read_interaction_log(path: Path) -> dict[str, np.ndarray]:
-    """The columns of an interaction log: MovieLens `ratings.dat` / `u.data`, RecBole `.inter`, or a table."""
+def read_interaction_log(path: Path, encoding: str | None = None) -> TableFile:
+    """The columns of an interaction log: MovieLens `ratings.dat` / `u.data`, RecBole `.inter`, or a table
+    (`encoding` for a table that is not UTF-8)."""
     suffix = path.suffix.lower()
     if suffix in MOVIELENS_SUFFIXES:
-        return read_movielens(path)
+        return TableFile(read_movielens(path))
     if suffix == ".inter":
-        return read_recbole_inter(path)
-    from trainwise.data.tables import read_columns
-
-    return read_columns(path)
+        return TableFile(read_recbole_inter(path, encoding))
+    return read_table(path, encoding)
 
 
-def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
+def read_recbole_inter(path: Path, encoding: str | None = None) -> dict[str, np.ndarray]:
     """RecBole's atomic `.inter` file: tab-separated, header fields typed as `name:token` / `name:float`.
     The types are dropped from the names (`user_id:token` → `user_id`); numeric columns come back float."""
     import csv
 
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
+    try:
+        with open(path, newline="", encoding=encoding or "utf-8") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     if not rows:
         raise DataError(f"{path}: empty file; a RecBole .inter file starts with a typed header such as "
                         "`user_id:token<TAB>item_id:token<TAB>timestamp:float`.")
@@ -88,6 +93,69 @@ def read_recbole_inter(path: Path) -> dict[str, np.ndarray]:
 def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
                 path: Path) -> str:
     return find_table_column(columns, given, names, role, path, f"--{role}-col")
+
+
+@dataclass(frozen=True)
+class LogColumns:
+    """Which column of a log plays which part."""
+
+    user: str
+    item: str
+    time: str
+    event: str | None        # behaviour type (view/cart/buy)
+    target: str | None       # rating; None: implicit feedback
+    extras: tuple[str, ...]  # other numeric columns, kept as features
+
+
+def log_columns(columns: dict[str, np.ndarray], path: Path, *, user: str | None = None, item: str | None = None,
+                time: str | None = None, event: str | None = None, target: str | None = None) -> LogColumns:
+    """The columns the user named, else the first with a usual name for each part."""
+    user = find_column(columns, user, USER_NAMES, "user", path)
+    item = find_column(columns, item, ITEM_NAMES, "item", path)
+    time = find_column(columns, time, TIME_NAMES, "time", path)
+    event = find_event_column(columns, event, path)
+    target = target or next((c for c in columns if c.lower() in TARGET_NAMES and c not in (user, item, time, event)),
+                            None)
+    extras = tuple(c for c, v in columns.items() if c not in (user, item, time, target, event) and v.dtype != object)
+    return LogColumns(user, item, time, event, target, extras)
+
+
+def drop_duplicate_events(columns: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str | None]:
+    """The log without rows that repeat an earlier row in every column (the first is kept), and a warning
+    saying how many went; None when there were none. A repeated event would sit in both validation and test
+    under --split last-k: the same (user, item, time) the model is tested on, shown to it for validation."""
+    n = len(next(iter(columns.values()), []))
+    if n == 0:
+        return columns, None
+    _, first = np.unique(row_keys(columns), return_index=True)
+    if len(first) == n:
+        return columns, None
+    keep = np.sort(first)
+    repeats = np.setdiff1d(np.arange(n), keep)
+    warning = (f"dropped {n - len(keep):,} of {n:,} events that repeat an earlier row exactly (every column the "
+               f"same; the first at row {repeats[0] + 1}); kept one of each, so a repeated event cannot sit in both "
+               "validation and test. --keep-duplicates keeps them.")
+    return {name: values[keep] for name, values in columns.items()}, warning
+
+
+def row_keys(columns: dict[str, np.ndarray]) -> np.ndarray:
+    """One int64 per row, equal exactly when the rows are equal in every column: each column's dense codes
+    folded in (mixed radix), re-densified whenever the next column would overflow int64."""
+    n = len(next(iter(columns.values())))
+    key, size = np.zeros(n, dtype=np.int64), 1
+    for values in columns.values():
+        if values.dtype == object:  # a dict beats sorting strings: 4x faster on 2M rows
+            seen: dict = {}
+            codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=n)
+            count = max(len(seen), 1)
+        else:
+            distinct, codes = np.unique(values, return_inverse=True)  # NaNs are one value
+            codes, count = codes.reshape(-1).astype(np.int64), max(len(distinct), 1)
+        if size * count >= 2**62:
+            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            size = int(key.max()) + 1 if n else 1
+        key, size = key * count + codes, size * count
+    return key
 
 
 def looks_like_interactions(columns: dict[str, np.ndarray]) -> bool:

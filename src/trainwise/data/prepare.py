@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import warnings
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,14 +21,15 @@ from trainwise.data import images as image_kind
 from trainwise.data import interactions as interaction_kind
 from trainwise.data.loader import usable_cores
 from trainwise.data import tables as table_kind
-from trainwise.data.splits import split_codes
-from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS, ProgressJournal,
+from trainwise.data.prepare_job import PrepareJob, Progress, shard_size, split_counts, write_arrays
+from trainwise.data.splits import empty_split_warnings, split_codes
+from trainwise.data.table_files import read_columns, read_table
+from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS,
                                    UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
                                    write_shard)
 from trainwise.errors import DataError
 
 Kind = Literal["auto", "images", "table", "interactions"]
-SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
 SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
 
 
@@ -55,6 +54,11 @@ class PrepareOptions:
     last_k: int = 1
     event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
     session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
+    keep_duplicates: bool = False        # interactions: keep events repeated exactly (default: drop them)
+    encoding: str | None = None          # tables and logs that are not UTF-8 (e.g. latin-1)
+    numeric: str | None = None           # tables: columns to read as numbers (comma-separated)
+    categorical: str | None = None       # tables: columns to read as categories
+    max_image_pixels: int | None = None  # images: larger ones are skipped (default: Pillow's bomb limit)
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -69,6 +73,10 @@ class PrepareOptions:
             raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
         if self.session_gap is not None:
             interaction_kind.parse_duration(self.session_gap)
+        if self.last_k < 0:
+            raise DataError(f"--last-k {self.last_k}: give how many of each user's last events to hold out, 1 or more.")
+        if self.max_image_pixels is not None and self.max_image_pixels < 1:
+            raise DataError(f"--max-image-pixels {self.max_image_pixels}: give a pixel count, e.g. 200000000.")
 
 
 @dataclass
@@ -79,9 +87,7 @@ class PrepareResult:
     reused_shards: int = 0
     written_shards: int = 0
     warnings: list[str] = field(default_factory=list)
-
-
-Progress = Callable[[int, int], None]  # (shards done, shards in all), after each shard
+    notes: list[str] = field(default_factory=list)  # how the source was read, the task chosen
 
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
@@ -91,31 +97,45 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     options.check()
     if not source.exists():
         raise DataError(f"{source}: no such file or directory.")
-    kind = detect_kind(source, options.kind)
+    kind = detect_kind(source, options.kind, options.encoding)
     options = PrepareOptions(**{**asdict(options), "kind": kind})
     recorded = {**asdict(options), "format_version": FORMAT_VERSION}
     fingerprint = source_fingerprint(source)
     _check_destination(to, source)
     if (to / MANIFEST).is_file() and not force:
         manifest = _intact_manifest(to)
-        if manifest.get("source", {}).get("fingerprint") == fingerprint and manifest.get("options") == recorded:
+        if manifest.get("source", {}).get("fingerprint") == fingerprint and same_options(manifest.get("options"),
+                                                                                        recorded):
             if CHECKSUM not in manifest:  # written by an older trainwise, its shards check out: add one
                 write_manifest(to, manifest)
-            return PrepareResult(to, "up-to-date", read_manifest(to))
+            manifest = read_manifest(to)
+            said = manifest.get("messages") or {}
+            return PrepareResult(to, "up-to-date", manifest, warnings=list(said.get("warnings", [])),
+                                 notes=list(said.get("notes", [])))
     warnings = disk_warnings(to)
     if force:
         (to / PROGRESS).unlink(missing_ok=True)
     (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
     build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions}[kind]
-    job = _Job(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
+    job = PrepareJob(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
     manifest = build(job)
+    said = {"notes": job.notes, "warnings": job.warnings + empty_split_warnings(manifest["splits"], options)}
     manifest.update(kind=kind, source={"path": str(source.resolve()), "fingerprint": fingerprint},
-                    options=recorded)
+                    options=recorded, messages=said)
     write_manifest(to, manifest)
     (to / PROGRESS).unlink(missing_ok=True)
     _remove_stale_files(to, read_manifest(to))
     status = "resumed" if job.reused else "prepared"
-    return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings)
+    return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings + said["warnings"],
+                         said["notes"])
+
+
+def same_options(old: Any, new: dict[str, Any]) -> bool:
+    """Whether a manifest's recorded options are `new`; an option added since it was written counts as its
+    default, so a dataset prepared by an older trainwise is not redone for options it could not have had."""
+    defaults = asdict(PrepareOptions())
+    return isinstance(old, dict) and set(old) <= set(new) and all(old.get(key, defaults.get(key)) == value
+                                                                  for key, value in new.items())
 
 
 def _intact_manifest(to: Path) -> dict[str, Any]:
@@ -131,7 +151,7 @@ def _intact_manifest(to: Path) -> dict[str, Any]:
     return manifest
 
 
-def detect_kind(source: Path, kind: str) -> str:
+def detect_kind(source: Path, kind: str, encoding: str | None = None) -> str:
     if kind != "auto":
         if kind not in ("images", "table", "interactions"):
             raise DataError(f"--kind {kind!r}: use auto, images, table or interactions.")
@@ -145,7 +165,7 @@ def detect_kind(source: Path, kind: str) -> str:
     if suffix in interaction_kind.INTERACTION_SUFFIXES:  # MovieLens ratings.dat / u.data, RecBole atomic files
         return "interactions"
     if suffix in table_kind.TABLE_SUFFIXES:
-        columns = table_kind.read_columns(source)
+        columns = read_columns(source, encoding)
         return "interactions" if interaction_kind.looks_like_interactions(columns) else "table"
     raise DataError(f"{source}: cannot tell what this is. Give a folder of class sub-folders of images, a "
                     f"table ({', '.join(table_kind.TABLE_SUFFIXES)}), MovieLens ratings.dat or u.data, or a RecBole "
@@ -211,78 +231,9 @@ def _remove_stale_files(to: Path, manifest: dict[str, Any]) -> None:
                 path.unlink()
 
 
-def shard_size(options: PrepareOptions, sample_bytes: int, most: int = 65536) -> int:
-    """Samples per shard: what fits in SHARD_BYTES, at most `most` (images: 1024, a task of a second or two
-    of decoding, so a pool of any size has shards to share). Never depends on the worker count: the shard
-    layout is part of what a rerun resumes."""
-    if options.shard_size:
-        return options.shard_size
-    return int(max(16, min(most, SHARD_BYTES // max(sample_bytes, 1))))
-
-
-@dataclass
-class _Job:
-    """One preparation's shared state: where, what, and the shards done so far (the resume journal)."""
-
-    to: Path
-    source: Path
-    options: PrepareOptions
-    fingerprint: str
-    recorded: dict[str, Any]
-    workers: int
-    progress: Progress | None
-    reused: int = 0
-    written: int = 0
-
-    def run_shards(self, tasks: list[dict[str, Any]], run: Callable[[dict[str, Any]], dict[str, Any]]
-                   ) -> dict[str, dict[str, Any]]:
-        """Run shard tasks (in a process pool when there are several workers), skipping finished ones."""
-        journal = ProgressJournal(self.to, self.fingerprint, self.recorded)
-        done = journal.finished()
-        wanted = {f"{t['split']}/{t['index']}" for t in tasks}
-        done = {key: entry for key, entry in done.items() if key in wanted}
-        self.reused = len(done)
-        todo = [t for t in tasks if f"{t['split']}/{t['index']}" not in done]
-        self._report(len(done), len(tasks))
-        if self.workers <= 1 or len(todo) <= 1:
-            for task in todo:
-                self._finish(journal, done, task, run(task), len(tasks))
-            return done
-        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(todo)))
-        try:
-            pending = {pool.submit(run, task): task for task in todo}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    self._finish(journal, done, pending.pop(future), future.result(), len(tasks))
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C: queued shards are dropped, running finish
-        return done
-
-    def _finish(self, journal: ProgressJournal, done: dict, task: dict[str, Any], result: dict[str, Any],
-                total: int) -> None:
-        key = f"{task['split']}/{task['index']}"
-        done[key] = result
-        self.written += 1
-        journal.record(key, result)
-        self._report(len(done), total)
-
-    def _report(self, done: int, total: int) -> None:
-        if self.progress:
-            self.progress(done, total)
-
-
-def _split_counts(done: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    splits = {}
-    for split in SPLITS:
-        shards = sorted((e["shard"] for k, e in done.items() if k.startswith(f"{split}/")), key=lambda s: s["index"])
-        splits[split] = {"count": sum(s["count"] for s in shards), "shards": shards}
-    return splits
-
-
 # ---- the three kinds ------------------------------------------------------------------------------------
 
-def _prepare_images(job: _Job) -> dict[str, Any]:
+def _prepare_images(job: PrepareJob) -> dict[str, Any]:
     folder = image_kind.scan_image_folder(job.source)
     size = image_kind.parse_size(job.options.size)
     channels = job.options.channels
@@ -297,15 +248,18 @@ def _prepare_images(job: _Job) -> dict[str, Any]:
             chunk = members[start:start + per_shard]
             tasks.append({"root": str(job.source), "out": str(job.to), "split": split, "index": index,
                           "size": size, "channels": channels, "files": [folder.files[i] for i in chunk],
+                          "max_pixels": job.options.max_image_pixels,
                           "labels": folder.labels[chunk].tolist()})
     done = job.run_shards(tasks, image_kind.image_shard_task)
     skipped = sorted((s for entry in done.values() for s in entry["skipped"]), key=lambda s: s["file"])
+    advice = image_kind.skip_advice(skipped)
+    job.warnings += [advice] if advice else []
     train_results = [e for k, e in done.items() if k.startswith("train/")]
     return {
         "task": "classification",
         "schema": {"inputs": {"dtype": "uint8", "shape": [channels, *size]},
                    "targets": {"dtype": "int64", "shape": []}},
-        "splits": _split_counts(done),
+        "splits": split_counts(done),
         "class_names": list(folder.class_names),
         "normalization": {**image_kind.channel_stats(train_results), "computed_on": "train",
                           "units": "pixel / 255"},
@@ -313,64 +267,61 @@ def _prepare_images(job: _Job) -> dict[str, Any]:
     }
 
 
-def _prepare_table(job: _Job) -> dict[str, Any]:
-    columns = table_kind.read_columns(job.source)
-    label = table_kind.find_label(columns, job.options.label, job.source)
-    missing = table_kind.missing_labels(columns[label])
-    columns = {name: values[~missing] for name, values in columns.items()}
-    if not len(columns[label]):
-        raise DataError(f"{job.source}: no rows with a label in column {label!r}.")
-    task = table_kind.choose_task(columns[label], job.options.task)
-    targets, class_names = table_kind.encode_labels(columns.pop(label), task)
-    codes = split_codes(targets if task == "classification" else None, len(targets), job.options)
-    encoder = table_kind.TableEncoder.fit(columns, np.flatnonzero(codes == 0))
-    features = encoder.transform(columns)
+def _prepare_table(job: PrepareJob) -> dict[str, Any]:
+    o = job.options
+    table = table_kind.label_table(read_table(job.source, o.encoding), job.source, label=o.label, task=o.task,
+                                   numeric=o.numeric, categorical=o.categorical)
+    job.notes += table.notes
+    job.warnings += table.warnings
+    targets = table.targets
+    codes = split_codes(targets if table.task == "classification" else None, len(targets), o)
+    encoder = table_kind.TableEncoder.fit(table.features, np.flatnonzero(codes == 0))
+    features = encoder.transform(table.features)
     check_free_space(job.to, features.nbytes + targets.nbytes)
-    manifest = _write_arrays(job, codes, {"inputs": features, "targets": targets})
+    manifest = write_arrays(job, codes, {"inputs": features, "targets": targets})
     return {
         **manifest,
-        "task": task,
-        "class_names": class_names,
-        "label": label,
+        "task": table.task,
+        "class_names": table.class_names,
+        "label": table.label,
         "features": encoder.feature_names,
         "encoding": encoder.to_json(),
         "normalization": {**table_kind.feature_stats(features[codes == 0]), "computed_on": "train"},
-        "skipped": {"count": int(missing.sum()), "reason": f"no value in label column {label!r}",
-                    "rows": (np.flatnonzero(missing) + 1).tolist()},  # 1-based data rows, header not counted
+        "skipped": {"count": int(table.unlabelled.sum()), "reason": f"no value in label column {table.label!r}",
+                    "rows": (np.flatnonzero(table.unlabelled) + 1).tolist()},  # 1-based data rows
     }
 
 
-def _prepare_interactions(job: _Job) -> dict[str, Any]:
+def _prepare_interactions(job: PrepareJob) -> dict[str, Any]:
     o = job.options
-    columns = interaction_kind.read_interaction_log(job.source)
-    find = interaction_kind.find_column
-    user = find(columns, o.user_col, interaction_kind.USER_NAMES, "user", job.source)
-    item = find(columns, o.item_col, interaction_kind.ITEM_NAMES, "item", job.source)
-    time = find(columns, o.time_col, interaction_kind.TIME_NAMES, "time", job.source)
-    event = interaction_kind.find_event_column(columns, o.event_col, job.source)
-    target = o.target_col or next((c for c in columns if c.lower() in interaction_kind.TARGET_NAMES
-                                   and c not in (user, item, time, event)), None)
-    users, user_ids = interaction_kind.dense_ids(columns[user])
-    items, item_ids = interaction_kind.dense_ids(columns[item])
-    times = interaction_kind.to_timestamps(columns[time], job.source)
+    log = interaction_kind.read_interaction_log(job.source, o.encoding)
+    columns, job.notes = log.columns, job.notes + log.notes
+    c = interaction_kind.log_columns(columns, job.source, user=o.user_col, item=o.item_col, time=o.time_col,
+                                     event=o.event_col, target=o.target_col)
+    if not o.keep_duplicates:
+        columns, dropped = interaction_kind.drop_duplicate_events(columns)
+        job.warnings += [dropped] if dropped else []
+    users, user_ids = interaction_kind.dense_ids(columns[c.user])
+    items, item_ids = interaction_kind.dense_ids(columns[c.item])
+    times = interaction_kind.to_timestamps(columns[c.time], job.source)
     split = interaction_kind.split_by_time(users, times, how=o.split, val_fraction=o.val_fraction,
                                            test_fraction=o.test_fraction, last_k=o.last_k)
-    extras = [c for c, v in columns.items() if c not in (user, item, time, target, event) and v.dtype != object]
     order = split.order
-    features, partition = interaction_kind.partition_features(columns, event, users, times, order, o.session_gap)
+    features, partition = interaction_kind.partition_features(columns, c.event, users, times, order, o.session_gap)
     arrays = {"inputs": np.stack([users[order], items[order]], axis=1),
-              "targets": (columns[target][order] if target else np.ones(len(order))).astype(np.float32),
+              "targets": (columns[c.target][order] if c.target else np.ones(len(order))).astype(np.float32),
               "timestamp": times[order], **features}
-    if extras:
-        arrays["extras"] = np.stack([columns[c][order] for c in extras], axis=1).astype(np.float32)
+    if c.extras:
+        arrays["extras"] = np.stack([columns[name][order] for name in c.extras], axis=1).astype(np.float32)
     check_free_space(job.to, sum(a.nbytes for a in arrays.values()) + user_ids.nbytes + item_ids.nbytes)
-    manifest = _write_arrays(job, split.split, arrays)
+    manifest = write_arrays(job, split.split, arrays)
     side = {"user_ids": user_ids, "item_ids": item_ids}
     files = {name: write_shard(job.to, "ids", 0, {name: ids})["files"][name] for name, ids in side.items()}
     return {
         **manifest,
-        "task": "regression" if target else "implicit",
-        "columns": {"user": user, "item": item, "time": time, "target": target, "event": event, "extras": extras},
+        "task": "regression" if c.target else "implicit",
+        "columns": {"user": c.user, "item": c.item, "time": c.time, "target": c.target, "event": c.event,
+                    "extras": list(c.extras)},
         **partition,
         "num_users": len(user_ids), "num_items": len(item_ids),
         "split_method": {"how": o.split, "last_k": o.last_k if o.split == "last-k" else None,
@@ -378,23 +329,3 @@ def _prepare_interactions(job: _Job) -> dict[str, Any]:
         "files": files,
         "class_names": None,
     }
-
-
-def _write_arrays(job: _Job, codes: np.ndarray, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """In-memory arrays (tables, interactions) → shards per split, resumable like image shards."""
-    sample_bytes = sum(a[:1].nbytes for a in arrays.values())
-    per_shard = shard_size(job.options, sample_bytes)
-    tasks = []
-    for code, split in enumerate(SPLITS):
-        rows = np.flatnonzero(codes == code)
-        for index, start in enumerate(range(0, len(rows), per_shard)):
-            tasks.append({"split": split, "index": index, "rows": rows[start:start + per_shard]})
-
-    def run(task: dict[str, Any]) -> dict[str, Any]:
-        return {"shard": write_shard(job.to, task["split"], task["index"],
-                                     {name: a[task["rows"]] for name, a in arrays.items()})}
-
-    job.workers = 1  # writing in-memory arrays is I/O; one process, no pickling of the arrays
-    done = job.run_shards(tasks, run)
-    schema = {name: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for name, a in arrays.items()}
-    return {"schema": schema, "splits": _split_counts(done)}

@@ -32,3 +32,26 @@ def split_codes(labels: np.ndarray | None, n: int, options: "PrepareOptions") ->
         rest, held = train_test_split(rest, test_size=share, random_state=seed, stratify=strata)
         codes[held] = code
     return codes
+
+
+def empty_split_warnings(splits: dict[str, dict], options: "PrepareOptions") -> list[str]:
+    """A warning for each held-out split that came out empty although the options asked for one: without
+    validation, train cannot pick a best checkpoint or stop early; without test, eval has nothing held out."""
+    total = sum(entry["count"] for entry in splits.values())
+    last_k = options.kind == "interactions" and options.split == "last-k"
+    found = []
+    for split, name, fraction, cost in (
+            ("val", "validation", options.val_fraction, "train cannot pick a best checkpoint or stop early"),
+            ("test", "test", options.test_fraction, "`trainwise eval` has no held-out split to measure")):
+        if splits.get(split, {}).get("count", 0) or (not last_k and fraction <= 0):
+            continue
+        if last_k and options.last_k == 0:
+            why, fix = "--last-k 0 holds out no events", "use --last-k 1 or more"
+        elif last_k:
+            why = f"no user has more than {2 * options.last_k} events (2 x --last-k), so every history stays whole"
+            fix = "use a smaller --last-k, or --split time"
+        else:
+            why = f"{fraction:g} of {total:,} samples rounds to none"
+            fix = f"give more data or a larger --{'val' if split == 'val' else 'test'}-fraction"
+        found.append(f"the {name} split is empty: {why}; {cost}. To have one, {fix}.")
+    return found

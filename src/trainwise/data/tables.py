@@ -5,71 +5,23 @@ training split only, so nothing about validation or test rows leaks into the fea
 """
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainwise.data.table_columns import (category_name, check_finite_labels, choose_column_types,
+                                          non_finite_to_missing)
+from trainwise.data.table_files import TableFile
 from trainwise.errors import DataError
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".pq")
 LABEL_NAMES = ("label", "target", "y", "class")
 MAX_CATEGORIES = 32  # one-hot columns per categorical feature; rarer values share an "other" column
 MAX_CLASSES = 100
-
-
-def read_columns(path: Path) -> dict[str, np.ndarray]:
-    """Column name → values. Numbers come back numeric (NaN for blanks), anything else as object strings."""
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            raise DataError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
-        return _read_csv_module(path)
-    return _read_pyarrow(path)
-
-
-def _read_pyarrow(path: Path) -> dict[str, np.ndarray]:
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            table = pq.read_table(path)
-        else:
-            delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-            table = pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delimiter))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{path}: cannot read the table ({e}).") from None
-    columns = {}
-    for name in table.column_names:
-        column = table.column(name)
-        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
-            columns[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls → NaN
-        else:
-            values = column.cast(pa.string()).to_pylist()
-            columns[name] = np.array([None if v in (None, "") else v for v in values], dtype=object)
-    return columns
-
-
-def _read_csv_module(path: Path) -> dict[str, np.ndarray]:
-    with open(path, newline="") as f:
-        reader = csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        header = next(reader, None)
-        if not header:
-            raise DataError(f"{path}: empty file; a table needs a header row.")
-        rows = list(reader)
-    columns = {}
-    for i, name in enumerate(header):
-        values = [row[i].strip() if i < len(row) and row[i].strip() else None for row in rows]
-        try:
-            columns[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
-        except ValueError:
-            columns[name] = np.array(values, dtype=object)
-    return columns
+FEW_CLASSES = 10  # whole-number labels with at most this many distinct values are classes
+MIN_ROWS_PER_CLASS = 5  # ...or up to MAX_CLASSES of them, when each has this many rows on average
 
 
 def find_column(columns: dict[str, np.ndarray], given: str | None, names: tuple[str, ...], role: str,
@@ -91,13 +43,30 @@ def find_label(columns: dict[str, np.ndarray], label: str | None, path: Path) ->
 
 
 def choose_task(values: np.ndarray, task: str) -> str:
-    """classification for text labels or few whole numbers; regression for other numbers."""
+    """classification for text labels, and for whole numbers with few distinct values (at most
+    FEW_CLASSES, or at most MAX_CLASSES with MIN_ROWS_PER_CLASS rows each on average); else regression."""
     if task != "auto":
         return task
     if values.dtype == object:
         return "classification"
-    whole = np.all(values == np.round(values))
-    return "classification" if whole and len(np.unique(values)) <= MAX_CLASSES else "regression"
+    distinct = len(np.unique(values))
+    few = distinct <= FEW_CLASSES or (distinct <= MAX_CLASSES and len(values) >= MIN_ROWS_PER_CLASS * distinct)
+    return "classification" if few and np.all(values == np.round(values)) else "regression"
+
+
+def task_note(values: np.ndarray, given: str, task: str, class_names: list[str] | None) -> str:
+    """The line prepare prints about the task: which, why (when it chose), and the flag that picks the other."""
+    if given != "auto":
+        return f"task: {task} (--task {given})" + (f", {len(class_names)} classes." if class_names else ".")
+    if task == "regression":
+        distinct = len(np.unique(values))
+        why = ("fractional numbers" if not np.all(values == np.round(values)) else
+               f"whole numbers with {distinct} distinct values, too many to be classes")
+        return (f"task: regression (the labels are {why}). If they are classes, pass --task classification.")
+    if values.dtype == object:
+        return f"task: classification, {len(class_names or [])} classes (the labels are text)."
+    return (f"task: classification, {len(class_names or [])} classes (the labels are whole numbers with few "
+            "distinct values). If they are quantities (counts, scores, prices), pass --task regression.")
 
 
 def encode_labels(values: np.ndarray, task: str) -> tuple[np.ndarray, list[str] | None]:
@@ -105,16 +74,24 @@ def encode_labels(values: np.ndarray, task: str) -> tuple[np.ndarray, list[str] 
         if values.dtype == object:
             raise DataError("--task regression needs a numeric label column.")
         return values.astype(np.float32), None
-    as_text = np.array([_label_text(v) for v in values], dtype=object)
+    as_text = np.array([category_name(v) for v in values], dtype=object)
     names = sorted(set(as_text), key=_natural_key)
     lookup = {name: i for i, name in enumerate(names)}
     return np.array([lookup[v] for v in as_text], dtype=np.int64), names
 
 
-def _label_text(value: Any) -> str:
-    if isinstance(value, float) and value == int(value):
-        return str(int(value))
-    return str(value)
+def check_classes(class_names: list[str] | None, label: str, path: Path, rows: int) -> None:
+    """A classifier needs two classes to tell apart: refuse a label column with one value."""
+    if class_names is not None and len(class_names) < 2:
+        raise DataError(f"{path}: label column {label!r} holds one class ({class_names[0]!r}) in all {rows:,} "
+                        "rows with a label; a classifier needs at least two to tell apart. Check that this is "
+                        "the label (--label NAME picks another column), or add rows of the other classes.")
+
+
+def check_features(columns: dict[str, np.ndarray], label: str, path: Path) -> None:
+    if not columns:
+        raise DataError(f"{path}: no feature columns: the table has only the label column {label!r}. A model "
+                        "needs at least one column to predict it from.")
 
 
 def _natural_key(name: str):
@@ -128,6 +105,45 @@ def missing_labels(values: np.ndarray) -> np.ndarray:
     if values.dtype == object:
         return np.array([v is None for v in values], dtype=bool)
     return np.isnan(values)
+
+
+@dataclass
+class LabelledTable:
+    """A table's feature columns and encoded labels, the rows kept (those with a label), and what prepare
+    says about them: `notes` (how it was read, the task chosen) and `warnings` (cells and columns it changed
+    or left to a default the user may not want)."""
+
+    features: dict[str, np.ndarray]
+    targets: np.ndarray
+    task: str
+    class_names: list[str] | None
+    label: str
+    unlabelled: np.ndarray  # bool per source row: no label, skipped
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def label_table(table: TableFile, path: Path, *, label: str | None = None, task: str = "auto",
+                numeric: str | None = None, categorical: str | None = None) -> LabelledTable:
+    """Find the label, type the feature columns (--numeric/--categorical), clear non-finite cells, drop the
+    rows without a label, choose the task and encode the labels; refuse what cannot be trained on."""
+    columns = table.columns
+    label = find_label(columns, label, path)
+    columns, warnings = choose_column_types(columns, label, path, numeric=numeric, categorical=categorical)
+    warnings += non_finite_to_missing(columns, label)
+    check_finite_labels(columns[label], label, path)
+    unlabelled = missing_labels(columns[label])
+    columns = {name: values[~unlabelled] for name, values in columns.items()}
+    if not len(columns[label]):
+        raise DataError(f"{path}: no rows with a label in column {label!r}.")
+    values = columns.pop(label)
+    check_features(columns, label, path)
+    chosen = choose_task(values, task)
+    targets, class_names = encode_labels(values, chosen)
+    if chosen == "classification":
+        check_classes(class_names, label, path, len(targets))
+    notes = [*table.notes, task_note(values, task, chosen, class_names)]
+    return LabelledTable(columns, targets, chosen, class_names, label, unlabelled, notes, warnings)
 
 
 @dataclass
@@ -181,5 +197,6 @@ class TableEncoder:
 
 def feature_stats(features: np.ndarray) -> dict[str, list[float]]:
     """Per-feature mean and std of the training rows (the loader normalises with these)."""
-    std = features.std(axis=0)
-    return {"mean": features.mean(axis=0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+    wide = features.astype(np.float64)  # float32 sums of large values overflow
+    std = wide.std(axis=0)
+    return {"mean": wide.mean(axis=0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}

@@ -60,8 +60,15 @@ def gather(run: RunDir) -> dict[str, Any]:
         config_text, damaged = "", [str(e)]
     try:
         config = run.read_config()
-    except TrainwiseError:  # an older or hand-edited config still gets a report, from defaults
+    except TrainwiseError as e:  # an older or hand-edited config still gets a report, from defaults
         config = None
+        if config_text:  # (an unreadable one is already listed)
+            first = visible_controls(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            damaged.append(f"{run.config_path} is not a config trainwise can read ({first}); this report uses the "
+                           "defaults where the config matters (the monitored metric, the learning rate), and shows "
+                           "the file as it is, control characters escaped.")
+            _say(damaged[-1])
+    config_text = visible_controls(config_text)
     eval_config = config.eval if config else None
     records = run.read_metrics()
     evaluations = read_evals(run)  # the headline is the held-out test split; the others appear beside it
@@ -95,6 +102,21 @@ def gather(run: RunDir) -> dict[str, Any]:
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
     }
+
+
+def _say(message: str) -> None:
+    """A problem the report lists, said at the terminal too (the CLI prints a RunDirWarning as one line)."""
+    import warnings
+
+    from trainwise.errors import RunDirWarning
+
+    warnings.warn(message, RunDirWarning, stacklevel=3)
+
+
+def visible_controls(text: str) -> str:
+    """Control characters (a NUL, an escape sequence) written as \\xNN, so that a damaged file shows what it
+    holds without putting raw bytes into the report; tabs and line ends stay."""
+    return "".join(ch if ch >= " " and ch != "\x7f" or ch in "\t\n\r" else f"\\x{ord(ch):02x}" for ch in text)
 
 
 def split_table(evaluations: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, str], str]]:

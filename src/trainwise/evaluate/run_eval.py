@@ -21,7 +21,7 @@ from trainwise.errors import DataError, RunDirError
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.rundir.layout import RunDir
-from trainwise.rundir.weights import Checkpoint, load_weights
+from trainwise.rundir.weights import Checkpoint, load_weights, weights_used
 from trainwise.rundir.trust import require_trust
 
 SPLITS = ("train", "val", "test")
@@ -95,8 +95,11 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     bundle = build_data(config)
     dataset = getattr(bundle, split)
     if dataset is None or len(dataset) == 0:
-        raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0?); "
-                        f"evaluate another with --split {'val' if split == 'test' else 'test'}.")
+        others = [name for name in ("test", "val", "train") if name != split and getattr(bundle, name) is not None
+                  and len(getattr(bundle, name))]
+        raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0, or `trainwise prepare` "
+                        "held out none of a small table); evaluate another: "
+                        + " or ".join(f"--split {name}" for name in others) + ".")
     model = build_model(config, bundle.spec)
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)
@@ -115,8 +118,9 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
         predictions = task.predictions(outputs, targets, bundle.spec.class_names)
     live = run.liveness_note()
     notes_found = [_note("checkpoint_fallback", n) for n in notes] + ([_note("run_in_progress", live)] if live else [])
-    result = {"run": str(run.path), "split": split, "checkpoint": checkpoint, "weights": str(weights),
-              "step": step, **metrics, "warnings": notes_found + metric_warnings(metrics)}
+    result = {"run": str(run.path), "split": split, "checkpoint": weights_used(run, checkpoint, weights),
+              "requested_checkpoint": checkpoint, "weights": str(weights), "step": step, **metrics,
+              "warnings": notes_found + metric_warnings(metrics)}
     result["files"] = {k: str(v) for k, v in _write_eval(run, result, predictions).items()}
     return result
 

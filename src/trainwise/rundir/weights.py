@@ -111,10 +111,33 @@ def _instead_of_best(run: "RunDir", notes: list[str] | None) -> tuple[dict[str, 
     state, step, path = load_weights(run, fallback, fallback_notes)
     if notes is not None:
         at = f" (step {step})" if step is not None else ""
-        notes.append(f"{run.path} has no `best` checkpoint (the run had no validation, or its validation metric "
-                     f"was never finite); evaluating the {fallback} weights {path.name}{at} instead.")
+        used = weights_used(run, "best", path)
+        what = "the best step's weights, restored by early stopping," if used == "best" else f"the {used} weights"
+        notes.append(f"{run.path} has no `best` checkpoint ({_why_no_best(run)}); evaluating {what} {path.name}{at} "
+                     "instead.")
         notes.extend(fallback_notes)
     return state, step, path
+
+
+def _why_no_best(run: "RunDir") -> str:
+    """Why a run has no `best` checkpoint: it never had one, or the one its summary records is gone."""
+    best = run.read_summary().get("best") or {}
+    if best.get("step") is None:
+        return "the run had no validation, or its validation metric was never finite"
+    value = best.get("value")
+    shown = f", {best.get('metric', 'the metric')} {value:.4g}" if isinstance(value, (int, float)) else ""
+    return (f"the summary records one at step {best['step']}{shown}, but it is not in {run.checkpoints_dir}: "
+            "the folder was removed or emptied")
+
+
+def weights_used(run: "RunDir", requested: Checkpoint, path: Path) -> Checkpoint:
+    """Which weights `path` truly holds when `requested` was asked for: best, last or final."""
+    if path == run.model_path:
+        restored = bool(run.read_summary().get("restored_best"))
+        return "best" if requested == "best" and restored else "final"
+    if requested == "best" and path not in (run.checkpoint_path("best"), run.checkpoint_dirs.pointer("best")):
+        return "last"
+    return requested
 
 
 def _load_sharded(run: "RunDir", checkpoint: Checkpoint,

@@ -1,0 +1,111 @@
+"""The work of one `trainwise prepare`: a list of shard tasks fixed by the source and the options, run in a
+process pool (images) or in this process (in-memory arrays), each finished shard recorded in the progress
+journal so that a rerun after an interruption redoes only what is missing."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainwise.data.shards import SPLITS, ProgressJournal, write_shard
+
+if TYPE_CHECKING:
+    from trainwise.data.prepare import PrepareOptions
+
+SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
+Progress = Callable[[int, int], None]  # (shards done, shards in all), after each shard
+
+
+def shard_size(options: "PrepareOptions", sample_bytes: int, most: int = 65536) -> int:
+    """Samples per shard: what fits in SHARD_BYTES, at most `most` (images: 1024, a task of a second or two
+    of decoding, so a pool of any size has shards to share). Never depends on the worker count: the shard
+    layout is part of what a rerun resumes."""
+    if options.shard_size:
+        return options.shard_size
+    return int(max(16, min(most, SHARD_BYTES // max(sample_bytes, 1))))
+
+
+@dataclass
+class PrepareJob:
+    """One preparation's shared state: where, what, and the shards done so far (the resume journal)."""
+
+    to: Path
+    source: Path
+    options: "PrepareOptions"
+    fingerprint: str
+    recorded: dict[str, Any]
+    workers: int
+    progress: Progress | None
+    reused: int = 0
+    written: int = 0
+    notes: list[str] = field(default_factory=list)     # for the user: how the source was read, the task
+    warnings: list[str] = field(default_factory=list)  # ... and what was changed or left to a default
+
+    def run_shards(self, tasks: list[dict[str, Any]], run: Callable[[dict[str, Any]], dict[str, Any]]
+                   ) -> dict[str, dict[str, Any]]:
+        """Run shard tasks (in a process pool when there are several workers), skipping finished ones."""
+        journal = ProgressJournal(self.to, self.fingerprint, self.recorded)
+        done = journal.finished()
+        wanted = {f"{t['split']}/{t['index']}" for t in tasks}
+        done = {key: entry for key, entry in done.items() if key in wanted}
+        self.reused = len(done)
+        todo = [t for t in tasks if f"{t['split']}/{t['index']}" not in done]
+        self._report(len(done), len(tasks))
+        if self.workers <= 1 or len(todo) <= 1:
+            for task in todo:
+                self._finish(journal, done, task, run(task), len(tasks))
+            return done
+        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(todo)))
+        try:
+            pending = {pool.submit(run, task): task for task in todo}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    self._finish(journal, done, pending.pop(future), future.result(), len(tasks))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C: queued shards are dropped, running finish
+        return done
+
+    def _finish(self, journal: ProgressJournal, done: dict, task: dict[str, Any], result: dict[str, Any],
+                total: int) -> None:
+        key = f"{task['split']}/{task['index']}"
+        done[key] = result
+        self.written += 1
+        journal.record(key, result)
+        self._report(len(done), total)
+
+    def _report(self, done: int, total: int) -> None:
+        if self.progress:
+            self.progress(done, total)
+
+
+def split_counts(done: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    splits = {}
+    for split in SPLITS:
+        shards = sorted((e["shard"] for k, e in done.items() if k.startswith(f"{split}/")), key=lambda s: s["index"])
+        splits[split] = {"count": sum(s["count"] for s in shards), "shards": shards}
+    return splits
+
+
+def write_arrays(job: PrepareJob, codes: np.ndarray, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """In-memory arrays (tables, interactions) → shards per split, resumable like image shards."""
+    sample_bytes = sum(a[:1].nbytes for a in arrays.values())
+    per_shard = shard_size(job.options, sample_bytes)
+    tasks = []
+    for code, split in enumerate(SPLITS):
+        rows = np.flatnonzero(codes == code)
+        for index, start in enumerate(range(0, len(rows), per_shard)):
+            tasks.append({"split": split, "index": index, "rows": rows[start:start + per_shard]})
+
+    def run(task: dict[str, Any]) -> dict[str, Any]:
+        return {"shard": write_shard(job.to, task["split"], task["index"],
+                                     {name: a[task["rows"]] for name, a in arrays.items()})}
+
+    job.workers = 1  # writing in-memory arrays is I/O; one process, no pickling of the arrays
+    done = job.run_shards(tasks, run)
+    schema = {name: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for name, a in arrays.items()}
+    return {"schema": schema, "splits": split_counts(done)}
