@@ -68,7 +68,7 @@ def _room(module: str) -> str | None:
 
 
 def _is_cli_layer(module: str) -> bool:
-    return module in ("trainwise", "trainwise.cli", "trainwise.__main__", "trainwise.demo") or \
+    return module in ("trainwise", "trainwise.cli", "trainwise.__main__", "trainwise.cli.demo") or \
         module.endswith(".commands")
 
 
