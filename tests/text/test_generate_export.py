@@ -9,11 +9,12 @@ import torch
 from tests.conftest import invoke
 from tests.text.lm_helpers import tiny_gpt
 from tests.text.test_prepare_text import make_corpus
-from trainwise.data.prepare import PrepareOptions, prepare
+from trainwise.data.prepare import PrepareOptions
+from trainwise.text.prepare import prepare_corpus as prepare
 from trainwise.recipes import load_recipe
-from trainwise.text.export import check_export_matches
+from trainwise.evaluate.export import check_export_matches
 from trainwise.text.generate import Sampling, generate_ids
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 TINY = ["model.args.layers=1", "model.args.width=16", "model.args.heads=2", "train.max_steps=4",
         "train.batch_size=4", "data.seq_len=32", "eval.every_steps=4", "schedule.warmup_steps=1",

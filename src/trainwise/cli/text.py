@@ -30,8 +30,8 @@ def generate_command(
 ) -> None:
     """Continue a prompt with a trained language model (KV cache for the built-in gpt)."""
     from trainwise.text.generate import Sampling, generate_text
-    from trainwise.text.run_model import load_run_model
-    from trainwise.train import resolve_device
+    from trainwise.evaluate.run_model import load_run_model
+    from trainwise.runtime.device import resolve_device
 
     target = resolve_device(device)
     loaded = load_run_model(run_dir, device=target, trust_code=trust_code)
@@ -49,7 +49,7 @@ def export_command(
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
 ) -> None:
     """Write a run's final language model as a Hugging Face directory (config.json, model.safetensors, tokenizer)."""
-    from trainwise.text.export import export_run
+    from trainwise.evaluate.export import export_run
 
     result = export_run(run_dir, to, trust_code=trust_code)
     console.print(f"exported {result['architecture']} to {result['directory']}; tokenizer {result['tokenizer']}",

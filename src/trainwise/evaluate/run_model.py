@@ -14,7 +14,7 @@ from torch import nn
 
 from trainwise.data.bundle import DataSpec
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir import RunDir
 from trainwise.text.tokenizer import Tokenizer, load_tokenizer, recorded_sequence_length
 
 
@@ -30,7 +30,8 @@ class RunModel:
 def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trust_code: bool = False) -> RunModel:
     """The run's model with its final weights, and its tokenizer."""
     from trainwise.recipes.factories import build_model
-    from trainwise.run_trust import require_trust
+    from trainwise.rundir.trust import require_trust
+    from trainwise.rundir.weights import load_weights
 
     run = RunDir.open(path)
     config = run.read_config()
@@ -46,7 +47,7 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
     spec = DataSpec(input_shape=(seq_len,), num_classes=tokenizer.vocab_size, task="causal_lm",
                     input_dtype=torch.int64, tokenizer_fingerprint=tokenizer.fingerprint)
     model = build_model(config, spec)
-    state = {_unwrapped(key): value for key, value in run.read_model().items()}
+    state, _, _ = load_weights(run, "final")
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
@@ -54,8 +55,3 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
                           f"{str(error).splitlines()[0]} Was config.yaml edited after training?") from None
     return RunModel(run, config, model.to(device).eval(), tokenizer, spec)
 
-
-def _unwrapped(key: str) -> str:
-    for prefix in ("_orig_mod.", "module."):  # torch.compile and DDP
-        key = key.removeprefix(prefix)
-    return key
