@@ -25,7 +25,7 @@ PROBE_STEPS = 40  # "a few dozen": enough for Adam at a usual LR to memorise 32 
 SHARP_KEPT = 0.5
 MAX_PROBE_S = 30.0  # the probe's time bound: at most this, and at most PROBE_SHARE of the planned run
 PROBE_SHARE = 0.1
-MIN_PROBE_S = 3.0
+MIN_PROBE_S = 5.0
 MIN_STEPS = 8  # fewer steps than this in the time bound: too short to judge, said so (not a warning)
 
 CHECKS = ("Check the model's forward returns its output without `.detach()`, `.item()` or `torch.no_grad()`.",
