@@ -74,3 +74,18 @@ def test_eval_and_report_of_a_language_model(text_run, capsys):
     report = (text_run / "report.md").read_text()
     for heading in ("perplexity", "## Language model", "Generations", "tokens seen", "by position"):
         assert heading in report
+
+
+def test_hugging_face_config_run_trains_generates_and_exports(text_run, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    config_file = tmp_path / "tiny-llama.json"
+    config_file.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2,
+                                       "num_key_value_heads": 1, "hidden_size": 16, "intermediate_size": 32,
+                                       "max_position_embeddings": 64}))
+    data = text_run.parent / "data"
+    config = load_recipe("lm-gpt", [*TINY, f"data.path={data}", f"model.hf_config={config_file}"])
+    run = train_run(config, tmp_path / "run").path
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert invoke(capsys, "generate", str(run), "--prompt", "Doc", "--max-tokens", "5").returncode == 0
+    assert invoke(capsys, "export", str(run), "--to", str(tmp_path / "hf")).returncode == 0
+    assert check_export_matches(run, tmp_path / "hf") < 1e-5
