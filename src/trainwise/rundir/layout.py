@@ -105,7 +105,7 @@ class RunDir:
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
                  run.model_path, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
                  run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path, run.checksums_path,
-                 run.tokenizer_dir]
+                 run.tokenizer_dir()]
         return frozenset(path.name for path in paths)
 
     @classmethod
@@ -174,7 +174,6 @@ class RunDir:
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 
-    @property
     def tokenizer_dir(self) -> Path:
         return self.path / "tokenizer"
 
