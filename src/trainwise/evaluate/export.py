@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainwise.errors import ConfigError, RunDirError
+from trainwise.errors import ConfigError
 from trainwise.text.gpt import GPT
 from trainwise.evaluate.run_model import load_run_model
 from trainwise.text.tokenizer import END_OF_TEXT, BpeTokenizer, ModelTokenizer, Tokenizer
