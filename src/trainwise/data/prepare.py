@@ -1,5 +1,6 @@
-"""`trainwise prepare SOURCE --to DIR`: raw images, tables or interaction logs → a checksummed, sharded,
-memory-mappable dataset (see shards.py for the layout).
+"""`trainwise prepare SOURCE --to DIR`: raw images, tables, interaction logs or text → a checksummed, sharded,
+memory-mappable dataset (see shards.py for the layout). Text is tokenised by the text room, which hands its
+builder in (`text_builder`: text/prepare.py's prepare_corpus), so this module needs no tokenizer.
 
 The job is a list of shards fixed by the source and the options. Each finished shard is recorded in a
 progress journal, so a rerun after an interruption redoes only what is missing; a rerun whose source and
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,56 +29,10 @@ from trainwise.data.table_files import read_columns, read_table
 from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS,
                                    UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
                                    write_shard)
+from trainwise.data.prepare_options import PrepareOptions
 from trainwise.errors import DataError
 
-Kind = Literal["auto", "images", "table", "interactions"]
 SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
-
-
-@dataclass(frozen=True)
-class PrepareOptions:
-    """Everything that changes the prepared bytes (the fingerprint cache compares these)."""
-
-    kind: Kind = "auto"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    seed: int = 0
-    shard_size: int | None = None        # samples per shard; default: what fits in SHARD_BYTES
-    size: str = "64"                     # images: height x width after resize + center crop
-    channels: int = 3                    # images: 3 (RGB) or 1 (grayscale)
-    label: str | None = None             # tables: label column
-    task: str = "auto"                   # tables: auto | classification | regression
-    user_col: str | None = None          # interactions
-    item_col: str | None = None
-    time_col: str | None = None
-    target_col: str | None = None
-    split: str = "time"                  # interactions: time | last-k
-    last_k: int = 1
-    event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
-    session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
-    keep_duplicates: bool = False        # interactions: keep events repeated exactly (default: drop them)
-    encoding: str | None = None          # tables and logs that are not UTF-8 (e.g. latin-1)
-    numeric: str | None = None           # tables: columns to read as numbers (comma-separated)
-    categorical: str | None = None       # tables: columns to read as categories
-    max_image_pixels: int | None = None  # images: larger ones are skipped (default: Pillow's bomb limit)
-
-    def check(self) -> None:
-        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
-                self.val_fraction + self.test_fraction >= 0.9:
-            raise DataError(f"--val-fraction {self.val_fraction:g} + --test-fraction {self.test_fraction:g}: each "
-                            "in [0, 1) and together under 0.9, so training keeps at least 10%.")
-        if self.channels not in (1, 3):
-            raise DataError(f"--channels {self.channels}: use 3 (RGB) or 1 (grayscale).")
-        if self.shard_size is not None and self.shard_size < 1:
-            raise DataError(f"--shard-size {self.shard_size}: a shard holds at least one sample.")
-        if self.task not in ("auto", "classification", "regression"):
-            raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
-        if self.session_gap is not None:
-            interaction_kind.parse_duration(self.session_gap)
-        if self.last_k < 0:
-            raise DataError(f"--last-k {self.last_k}: give how many of each user's last events to hold out, 1 or more.")
-        if self.max_image_pixels is not None and self.max_image_pixels < 1:
-            raise DataError(f"--max-image-pixels {self.max_image_pixels}: give a pixel count, e.g. 200000000.")
 
 
 @dataclass
@@ -91,7 +47,8 @@ class PrepareResult:
 
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
-            workers: int | None = None, force: bool = False, progress: Progress | None = None) -> PrepareResult:
+            workers: int | None = None, force: bool = False, progress: Progress | None = None,
+            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None) -> PrepareResult:
     """Prepare `source` into `to`; see the module docstring for caching and resume."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
@@ -116,7 +73,10 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     if force:
         (to / PROGRESS).unlink(missing_ok=True)
     (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
-    build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions}[kind]
+    if kind == "text" and text_builder is None:  # text: (to, source, options) -> the manifest's fields
+        raise DataError(f"{source}: text is prepared by trainwise.text.prepare.prepare_corpus, which tokenises it.")
+    build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
+             "text": lambda job: text_builder(job.to, job.source, job.options)}[kind]
     job = PrepareJob(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
     manifest = build(job)
     said = {"notes": job.notes, "warnings": job.warnings + empty_split_warnings(manifest["splits"], options)}
@@ -153,9 +113,9 @@ def _intact_manifest(to: Path) -> dict[str, Any]:
 
 def detect_kind(source: Path, kind: str, encoding: str | None = None) -> str:
     if kind != "auto":
-        if kind not in ("images", "table", "interactions"):
-            raise DataError(f"--kind {kind!r}: use auto, images, table or interactions.")
-        if (kind == "images") != source.is_dir():
+        if kind not in ("images", "table", "interactions", "text"):
+            raise DataError(f"--kind {kind!r}: use auto, images, table, interactions or text.")
+        if kind != "text" and (kind == "images") != source.is_dir():
             raise DataError(f"--kind {kind}: {source} is a {'folder' if source.is_dir() else 'file'}; images come "
                             "as a folder of class sub-folders, tables and interaction logs as one file.")
         return kind

@@ -194,6 +194,9 @@ def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool 
         raise ConfigError(f"data.args: a prepared dataset takes only `normalize` (true/false), not "
                           f"{', '.join(sorted(unknown))}; splits, size and classes are fixed by `trainwise prepare`.")
     manifest = read_manifest(path)
+    if manifest["kind"] == "text":
+        raise DataError(f"{path}: a text dataset: train a language model on it (`trainwise train lm-gpt "
+                        f"data.path={path}`), whose data builder packs its tokens into sequences.")
     if manifest["kind"] == "interactions":
         raise DataError(f"{path}: an interactions dataset has no built-in model to train. Read it in your own "
                         "data factory with `trainwise.data.open(DIR, 'train')` (inputs are (user, item) ids).")

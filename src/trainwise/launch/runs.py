@@ -46,6 +46,10 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         raise_for_errors(findings)
     model = build_model(config, bundle.spec)
     callbacks = [*callbacks, SanityFindings(findings)]
+    if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
+        from trainwise.train.language_model import KeepTokenizer
+
+        callbacks.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
     return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
                    data_spec=bundle.spec, augment=bundle.augment)
 
@@ -67,7 +71,7 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
     if main:
         run.initialise(overwrite=overwrite, inputs=inputs)  # first: an --out that cannot be written is the error to show
-        warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
+        warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
         if warning:
             warnings.warn(warning, RunDirWarning, stacklevel=2)
         if auto is not None:

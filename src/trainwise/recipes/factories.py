@@ -78,6 +78,12 @@ def build_data(config: RunConfig) -> DataBundle:
             raise ConfigError("data.path: a prepared dataset needs its directory (from `trainwise prepare`).")
         from trainwise.data.prepared import prepared_bundle
 
+        from trainwise.data.shards import read_manifest
+
+        if read_manifest(data.path)["kind"] == "text":  # token shards, packed into data.seq_len sequences
+            from trainwise.text.data import text_bundle
+
+            return text_bundle(data.path, seq_len=data.seq_len)
         args = _builtin_args("data.args", DATA_ARGS["prepared"], data.args)
         return prepared_bundle(data.path, augment=data.augment, **args)
     if data.name not in BUILTIN_DATA:
@@ -87,6 +93,8 @@ def build_data(config: RunConfig) -> DataBundle:
     build = BUILTIN_DATA[data.name]
     if data.path and "path" in (_parameters(build) or {}):  # e.g. `shop`: a prepared log instead of its generator
         args["path"] = data.path
+    if "seq_len" in (_parameters(build) or {}):  # text: tokens per training sequence
+        args["seq_len"] = data.seq_len
     return _call_builtin(build, "data.args", {
         **args, **common, "val_fraction": data.val_fraction, "test_fraction": data.test_fraction,
         "augment": data.augment})
@@ -94,6 +102,10 @@ def build_data(config: RunConfig) -> DataBundle:
 
 def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
     model_config = config.model
+    if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/language_model.py)
+        from trainwise.text.language_model import build_language_model
+
+        return build_language_model(model_config, spec)
     if model_config.factory:
         build = import_factory(model_config.factory, "model.factory")
         kwargs = dict(model_config.args)
@@ -111,8 +123,13 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")
     args = _builtin_args("model.args", MODEL_ARGS[model_config.name], model_config.args)
-    return _call_builtin(BUILTIN_MODELS[model_config.name], "model.args", {
+    model = _call_builtin(BUILTIN_MODELS[model_config.name], "model.args", {
         **args, "data_spec": spec, "gradient_checkpointing": model_config.gradient_checkpointing})
+    if spec.task == "causal_lm":  # the built-in gpt: model.method and model.dtype as for a Hugging Face model
+        from trainwise.text.language_model import apply_language_model_settings
+
+        model = apply_language_model_settings(model, model_config)
+    return model
 
 
 def _builtin_args(field: str, schema: Any, args: dict[str, Any]) -> dict[str, Any]:

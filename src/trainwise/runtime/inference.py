@@ -7,6 +7,8 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
+from trainwise.llm.loss import IGNORE_INDEX
+from trainwise.runtime.language_model import is_token_batch
 from trainwise.runtime.precision import Precision, autocast
 
 
@@ -49,16 +51,52 @@ def _batches_from(dataset: Dataset, start: int, batch_size: int):
     return build_loader(dataset, batches, LoaderSettings(0, False, False, None))
 
 
+def yields_token_batches(dataset: Dataset | None) -> bool:
+    """A text dataset: its samples are dicts of input_ids, labels, position_ids (text/packing.py)."""
+    if dataset is None or len(dataset) == 0:  # type: ignore[arg-type]
+        return False
+    return is_token_batch(dataset[0])
+
+
+def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 16,
+                  precision: Precision = "fp32") -> dict[str, float]:
+    """Validation of a language model, streamed (runtime/language_model.py): loss, perplexity, token accuracy."""
+    from trainwise.runtime.language_model import token_metrics as measure
+
+    device = torch.device(device)
+    return measure(model, _batches_from(dataset, 0, batch_size), device=device,
+                   autocast=lambda: autocast(precision, device))
+
+
+def split_metrics(model: torch.nn.Module, dataset: Dataset, *, task: str,
+                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device | str,
+                  batch_size: int, precision: Precision = "fp32") -> dict[str, float]:
+    """Validation during training: a language model's token metrics, streamed (never all logits at once);
+    any other model's outputs gathered and its headline metrics."""
+    if yields_token_batches(dataset):
+        return token_metrics(model, dataset, device=device, batch_size=batch_size, precision=precision)
+    outputs, targets = predict(model, dataset, device=device, batch_size=batch_size, precision=precision)
+    return headline_metrics(outputs, targets, task, loss_fn)
+
+
 def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict[str, float]:
-    """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set."""
+    """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set. Class
+    targets of -100 (no loss, e.g. masked tokens) count in no metric."""
     metrics = {"loss": float(loss_fn(outputs, targets))}
     if task == "classification":
-        predicted = outputs.argmax(1)
-        correct = predicted == targets
+        if outputs.ndim > 2:  # per-position outputs [N, classes, positions...] (cross-entropy's layout)
+            outputs, targets = outputs.movedim(1, -1).reshape(-1, outputs.shape[1]), targets.reshape(-1)
+        counted = targets != IGNORE_INDEX
+        outputs, targets = outputs[counted], targets[counted]
+        correct = outputs.argmax(1) == targets
         metrics["accuracy"] = float(correct.float().mean())
-        recalls = [float(correct[targets == c].float().mean()) for c in targets.unique()]
-        metrics["balanced_accuracy"] = sum(recalls) / len(recalls)
+        # per-class recall by counting, not a loop over classes (a vocabulary has tens of thousands)
+        targets = targets.long()
+        seen = torch.bincount(targets, minlength=outputs.shape[1])
+        hits = torch.bincount(targets[correct], minlength=outputs.shape[1])
+        present = seen > 0
+        metrics["balanced_accuracy"] = float((hits[present] / seen[present]).mean())
     else:
         error = outputs.squeeze(-1) - targets.float()
         metrics["mae"] = float(error.abs().mean())

@@ -12,7 +12,7 @@ reaches the weights and no `if torch.isfinite(...)` forces a sync.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,13 +21,17 @@ import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
+from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, token_loss_sum
+from trainwise.runtime.language_model import call_model, is_token_batch
 from trainwise.runtime.precision import Precision, autocast
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-MicroBatch = tuple[torch.Tensor, torch.Tensor]
+# `(inputs, targets)`, or a token batch: a dict of input_ids, labels (aligned with the outputs, -100 = no
+# loss), position_ids and optionally attention_mask, each [B, T] (text/packing.py)
+MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
 STEP_RANGE = "trainwise.train_step"
 
 
@@ -46,6 +50,17 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
         return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
+
+
+def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """The step's tokens that carry loss, over every micro-batch and every rank: counted where the labels are
+    (host memory: no device work), moved without waiting, summed over the ranks by a collective (no host sync)."""
+    count = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches)
+    count = torch.as_tensor(count).to(device, non_blocking=True).float()
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(count)
+    return count
 
 
 def model_loss(model: nn.Module, loss_fn: LossFn) -> LossFn:
@@ -112,6 +127,7 @@ class TrainStep:
         self.clipped = dense_gradient_parameters(self.parameters, model)
         self.device_skip = supports_device_skip(optimizer)
         self.model_name = model_name or type(model).__name__  # for messages about the user's model
+        self.loss_chunk_size: int | None = None  # token batches: model.loss_chunk_size
         self.steps_done = 0
 
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
@@ -123,6 +139,8 @@ class TrainStep:
         """Forward/backward of every micro-batch (gradients add up); the step's loss, detached.
         `local`: through the plain model, so no DDP hook runs and the gradients stay on this rank until the
         caller reduces them (the guarded steps of train/recovery.py)."""
+        if micro_batches and is_token_batch(micro_batches[0]):
+            return self.accumulate_tokens(micro_batches, local=local)  # type: ignore[arg-type]
         loss = torch.zeros((), device=self.device)
         for index, (inputs, targets) in enumerate(micro_batches):
             loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1, local=local)
@@ -144,6 +162,36 @@ class TrainStep:
                 del outputs  # held by the graph as needed; this name must not keep it past backward
             self.scaler.scale(loss).backward()
         return loss.detach()
+
+    def accumulate_tokens(self, micro_batches: Sequence[Mapping[str, torch.Tensor]], *,
+                          local: bool = False) -> torch.Tensor:
+        """Token batches: the loss is the sum of every token's cross-entropy over all micro-batches and ranks,
+        divided once by their count of label tokens; so micro-batches (and ranks) with fewer real tokens
+        weigh less, and accumulation gives the gradient of one big batch. Each rank scales by the world size
+        because DDP and FSDP average the ranks' gradients. Returns the step's mean token loss (averaged over
+        the ranks by the log record, it is the job's)."""
+        world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
+            torch.distributed.is_initialized() else 1
+        scale = world / label_count(micro_batches, self.device).clamp(min=1)
+        loss = torch.zeros((), device=self.device)
+        forward = self.model if local else self.forward
+        for index, batch in enumerate(micro_batches):
+            batch = {key: self.to_device(value) for key, value in batch.items()}
+            last = index == len(micro_batches) - 1
+            with self.no_sync() if self.no_sync is not None and not (last or local) else nullcontext():
+                with autocast(self.precision, self.device):
+                    total = self._call("the forward", self._token_loss, forward, batch,
+                                       inputs=batch["input_ids"]) * scale
+                self.scaler.scale(total).backward()
+            loss += total.detach()
+        return loss
+
+    def _token_loss(self, forward: Callable, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One micro-batch's summed token loss; with model.loss_chunk_size the head and cross-entropy run a
+        chunk of tokens at a time on the plain model (llm/loss.py), so the logits never exist whole."""
+        if self.loss_chunk_size:
+            return lm_loss_sum(self.model, batch, self.loss_chunk_size)
+        return token_loss_sum(call_model(forward, batch), batch["labels"])
 
     def _call(self, what: str, function: Callable, *args, inputs: torch.Tensor | None = None):
         """Call the model or the loss; what they raise on a real batch is reported as the user's to fix,
@@ -193,8 +241,10 @@ class TrainStep:
         from trainwise.runtime.precision import make_scaler
         from trainwise.train.optim import build_optimizer
 
-        return cls(model, build_optimizer(model, config.optim),
+        step = cls(model, build_optimizer(model, config.optim),
                    loss_fn=loss_fn or default_loss(task, config.train.label_smoothing), precision=precision,
                    device=device, accumulation_steps=accumulation_steps, grad_clip_norm=config.train.grad_clip_norm,
                    scaler=make_scaler(precision, device), model_name=config.model.factory or config.model.name,
                    **wiring)
+        step.loss_chunk_size = config.model.loss_chunk_size  # token batches: chunked cross-entropy
+        return step

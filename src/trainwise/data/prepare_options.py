@@ -1,0 +1,60 @@
+"""The options of `trainwise prepare`, every kind's: what changes the prepared bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainwise.data import interactions as interaction_kind
+from trainwise.errors import DataError
+
+Kind = Literal["auto", "images", "table", "interactions", "text"]
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """Everything that changes the prepared bytes (the fingerprint cache compares these)."""
+
+    kind: Kind = "auto"
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    seed: int = 0
+    shard_size: int | None = None        # samples per shard; default: what fits in SHARD_BYTES
+    size: str = "64"                     # images: height x width after resize + center crop
+    channels: int = 3                    # images: 3 (RGB) or 1 (grayscale)
+    label: str | None = None             # tables: label column
+    task: str = "auto"                   # tables: auto | classification | regression
+    user_col: str | None = None          # interactions
+    item_col: str | None = None
+    time_col: str | None = None
+    target_col: str | None = None
+    split: str = "time"                  # interactions: time | last-k
+    last_k: int = 1
+    event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
+    session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
+    keep_duplicates: bool = False        # interactions: keep events repeated exactly (default: drop them)
+    encoding: str | None = None          # tables and logs that are not UTF-8 (e.g. latin-1)
+    numeric: str | None = None           # tables: columns to read as numbers (comma-separated)
+    categorical: str | None = None       # tables: columns to read as categories
+    max_image_pixels: int | None = None  # images: larger ones are skipped (default: Pillow's bomb limit)
+    tokenizer: str | None = None         # text: `bytes` (default) or a tokenizer / model directory
+    train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
+    text_field: str = "text"             # text: the field of a JSONL record holding the document
+    seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
+
+    def check(self) -> None:
+        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
+                self.val_fraction + self.test_fraction >= 0.9:
+            raise DataError(f"--val-fraction {self.val_fraction:g} + --test-fraction {self.test_fraction:g}: each "
+                            "in [0, 1) and together under 0.9, so training keeps at least 10%.")
+        if self.channels not in (1, 3):
+            raise DataError(f"--channels {self.channels}: use 3 (RGB) or 1 (grayscale).")
+        if self.shard_size is not None and self.shard_size < 1:
+            raise DataError(f"--shard-size {self.shard_size}: a shard holds at least one sample.")
+        if self.task not in ("auto", "classification", "regression"):
+            raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
+        if self.session_gap is not None:
+            interaction_kind.parse_duration(self.session_gap)
+        if self.last_k < 0:
+            raise DataError(f"--last-k {self.last_k}: give how many of each user's last events to hold out, 1 or more.")
+        if self.max_image_pixels is not None and self.max_image_pixels < 1:
+            raise DataError(f"--max-image-pixels {self.max_image_pixels}: give a pixel count, e.g. 200000000.")
