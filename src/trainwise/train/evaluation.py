@@ -53,14 +53,29 @@ def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict[str, float]:
     """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set."""
     metrics = {"loss": float(loss_fn(outputs, targets))}
-    if task == "classification":
+    if task == "next_item":  # a recommender is judged by ranking: the target's rank among every item
+        metrics.update(next_item_metrics(outputs, targets))
+    elif task in ("classification", "click"):
         predicted = outputs.argmax(1)
         correct = predicted == targets
         metrics["accuracy"] = float(correct.float().mean())
         recalls = [float(correct[targets == c].float().mean()) for c in targets.unique()]
         metrics["balanced_accuracy"] = sum(recalls) / len(recalls)
-    else:
-        error = outputs.squeeze(-1) - targets.float()
+    elif task == "regression":
+        error = outputs.reshape(len(outputs), -1).squeeze(-1) - targets.reshape(len(targets), -1).squeeze(-1).float()
         metrics["mae"] = float(error.abs().mean())
         metrics["rmse"] = float(error.pow(2).mean().sqrt())
     return metrics
+
+
+def next_item_metrics(scores: torch.Tensor, targets: torch.Tensor, cutoff: int = 10) -> dict[str, float]:
+    """NDCG@10 and HR@10 of a full ranking of the catalogue (ties split evenly), over the validation queries
+    (a seeded sample of validation users, recsys/sequences.py HeldOutQueries). Seen items are not removed here:
+    `trainwise eval` does that on the test split; the ordering of runs and checkpoints is what matters."""
+    from trainwise.recsys.ranking import tie_split_rank
+
+    target = targets.long().reshape(-1)
+    ranks = tie_split_rank(scores, scores.gather(1, target[:, None]).squeeze(1)).double()
+    hit = ranks <= cutoff
+    return {f"ndcg@{cutoff}": float(torch.where(hit, 1 / torch.log2(ranks + 1), 0.0).mean()),
+            f"hr@{cutoff}": float(hit.double().mean())}

@@ -47,7 +47,8 @@ class LiveDiagnosis(Callback):
         from trainwise.diagnose.run_rules import live_findings
 
         findings = live_findings(self.records, config=trainer.config, device=str(trainer.device),
-                                 precision=trainer.precision)
+                                 precision=trainer.precision,
+                                 task=trainer.profile.to_dict() if trainer.profile is not None else None)
         for finding in findings:
             if finding.severity == "info" or finding.code in self.reported:
                 continue

@@ -53,7 +53,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     model = build_model(config, bundle.spec)
     callbacks = [*callbacks, SanityFindings(findings)]
     return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
-                   data_spec=bundle.spec, augment=bundle.augment)
+                   data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainwise.errors import ModelCallError, TrainwiseError
+from trainwise.errors import ConfigError, ModelCallError, TrainwiseError
 from trainwise.train.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -39,9 +39,22 @@ class StepOutcome:
 def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
     """Cross-entropy for classification (in fp32 even under autocast), MSE for regression."""
     if task == "regression":
-        return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
+        return _mean_squared_error
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
+
+
+def _mean_squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """MSE of one output per sample against one target per sample ([N], [N, 1] alike: never broadcast to
+    [N, N]). A model with several outputs per sample is refused: regression needs one (shapes are known on
+    the host, so the check costs no device sync)."""
+    predicted, wanted = outputs.reshape(len(outputs), -1), targets.reshape(len(targets), -1)
+    if predicted.shape != wanted.shape:
+        raise ConfigError(f"regression (float targets) needs one output per target: the model gives "
+                          f"{predicted.shape[1]} per sample, the data {wanted.shape[1]}. For classes, give integer "
+                          "targets (or pass data_spec=DataSpec(..., task='classification') to the Trainer); for "
+                          "regression, end the model with one output.")
+    return nn.functional.mse_loss(predicted.float(), wanted.float())
 
 
 def model_loss(model: nn.Module, loss_fn: LossFn) -> LossFn:

@@ -80,6 +80,8 @@ def build_summary(trainer: "Trainer", status: str, *, wall_s: float, last: dict[
         "timings": {"wall_s": wall_s, "samples_per_s": train.get("samples_per_s")},
         "device": str(trainer.device), "precision": trainer.precision, "tf32": trainer.tf32,
         "skipped_steps": trainer.skipped_steps, "message": message, "updated": time.time(),
+        # what chance is for this run and which metrics it validates with: the diagnosis rules read it
+        "task": trainer.profile.to_dict() if trainer.profile is not None else None,
     }
 
 

@@ -26,12 +26,13 @@ from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
+from trainwise.data.task_profile import VALIDATION_METRICS, check_monitor, infer_spec, task_profile
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import ConfigError, RunDirWarning, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
-from trainwise.train.callbacks import Callback, CallbackList
+from trainwise.train.callbacks import Callback, CallbackList, default_callbacks
 from trainwise.train.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
                                          resolve_strategy, wrap_model)
@@ -40,6 +41,7 @@ from trainwise.train.evaluation import headline_metrics, predict
 from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
+from trainwise.train.python_run import python_run_config
 from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
 from trainwise.train.recovery import OomGuard, recover_from_oom
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
@@ -54,13 +56,16 @@ class Trainer:
     def __init__(self, model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, *,
                  config: RunConfig, run_dir: RunDir | None = None, callbacks: Sequence[Callback] = (),
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, built_from_config: bool = False):
+        if not built_from_config:  # the caller's own model and data: config.yaml records them (python_run.py)
+            config = python_run_config(config, model, train_data, val_data)
         self.config = config
         # one process, or one rank of a torchrun job
         self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy in ("ddp", "fsdp"))
         self.strategy = resolve_strategy(config.train.strategy, self.ranks)
         self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
-        self.task = data_spec.task if data_spec else "classification"
+        self.data_spec = data_spec or infer_spec(train_data)  # float targets, one per sample: regression
+        self.task = self.data_spec.task
         self.device = resolve_device(config.train.device, self.ranks.local_rank if self.ranks.enabled else None)
         self.precision = resolve_precision(config.train.precision, self.device)
         self.tf32 = enable_tf32(self.device, config.train.tf32)
@@ -71,6 +76,10 @@ class Trainer:
             self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
         self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
+        self.profile = task_profile(self.data_spec, model)  # what chance is: summary.json records it
+        self.eval_kind = self.profile.kind if self.profile else self.task
+        if val_data is not None:  # a typo in eval.monitor fails now, not at the first evaluation hours in
+            check_monitor(config.eval.monitor, VALIDATION_METRICS.get(self.eval_kind, ("loss",)))
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
@@ -119,7 +128,7 @@ class Trainer:
         fetched = seeded_by_position(train_data) if settings.num_workers > 0 else train_data
         self.loader = build_loader(fetched, self.sampler, settings,
                                    generator=torch.Generator().manual_seed(config.seed))
-        defaults = _default_callbacks(config) if self.ranks.is_main else []
+        defaults = default_callbacks(config) if self.ranks.is_main else []
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
@@ -174,7 +183,7 @@ class Trainer:
     def evaluate(self, dataset: Dataset | None = None) -> dict[str, float]:
         outputs, targets = predict(self.model, dataset or self.val_data, device=self.device,
                                    batch_size=self.eval_batch_size, precision=self.precision)
-        return headline_metrics(outputs, targets, self.task, self.loss_fn)
+        return headline_metrics(outputs, targets, self.eval_kind, self.loss_fn)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -390,17 +399,3 @@ class Trainer:
                        restored_best: bool = False) -> dict[str, Any]:
         return self._summary.write(self, status, started, message=message, restored_best=restored_best)
 
-
-def _default_callbacks(config: RunConfig) -> list[Callback]:
-    from trainwise.train.live_diagnosis import LiveDiagnosis
-    from trainwise.train.nonfinite_validation import NonFiniteValidation
-    from trainwise.train.progress import ProgressDisplay, TensorBoardLog
-
-    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis(), NonFiniteValidation()]
-    if TensorBoardLog.available():
-        callbacks.append(TensorBoardLog())
-    if config.telemetry.enabled:
-        from trainwise.train.telemetry_callback import TelemetryCallback  # lazy: no NVML import when off
-
-        callbacks.append(TelemetryCallback(config.telemetry))
-    return callbacks
