@@ -70,3 +70,15 @@ def test_a_monitor_typo_says_what_was_meant():
     with pytest.raises(ConfigError, match="val/ndcg@10"):
         check_monitor("val/ndcg", next_item_profile(100).metrics)
     check_monitor("val/ndcg@10", next_item_profile(100).metrics)
+
+
+def test_the_regression_as_classification_crash_is_explained():
+    from trainwise.diagnose.explain import explain
+
+    log = ('Traceback (most recent call last):\n  File "/x/trainwise/train/evaluation.py", line 60, in headline_metrics\n'
+           "    recalls = [float(correct[targets == c].float().mean()) for c in targets.unique()]\n"
+           "IndexError: The shape of the mask [200, 1] at index 1 does not match the shape of the indexed tensor "
+           "[200] at index 1\n")
+    finding = explain(log)
+    assert finding.code == "shape_mismatch" and "(N, 1)" in finding.title
+    assert "regression" in " ".join(finding.fixes)

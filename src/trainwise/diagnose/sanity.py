@@ -69,6 +69,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     rows = min(config.train.batch_size, PROBE_ROWS, len(train.inputs))
     torch.manual_seed(config.seed)
     model = build_model(config, spec)
+    if getattr(model, "counted", False):  # fitted by counting (the popularity baseline): nothing to memorise
+        return worst_first(findings)
     device = resolve_device(config.train.device)
     findings.append(overfit_one_batch(
         model, train.inputs[:rows], train.targets[:rows], optimizer=build_optimizer(model.to(device), config.optim),

@@ -62,8 +62,9 @@ class LiveDiagnosis(Callback):
 class SanityFindings(Callback):
     """Writes the warnings of the pre-training sanity checks (errors already stopped the run) as events."""
 
-    def __init__(self, findings):
+    def __init__(self, findings, console: Console | None = None):
         self.findings = [f for f in findings if f.severity != "info"]
+        self.console = console or TrainingConsole()
 
     def on_fit_start(self, trainer) -> None:
         if trainer.step:  # a resumed run logged them when it started
@@ -71,6 +72,9 @@ class SanityFindings(Callback):
         for finding in self.findings:
             trainer.run_dir.log_event("sanity", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=0, evidence=finding.to_dict())
+            if trainer.ranks.is_main:  # said at the terminal too, in one line, before the first step
+                self.console.print(f"[yellow]sanity check[/]: {finding.title} (trainwise check shows the details)",
+                                   highlight=False)
 
 
 _EVENT_SEVERITY = {"info": "info", "warn": "warning", "error": "error"}

@@ -93,7 +93,8 @@ class Trainer:
                               f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
         self.accumulation_steps = train.batch_size // per_step
         self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
-        self.max_steps = train.total_steps(len(train_data))  # type: ignore[arg-type]
+        # a model fitted by counting (the popularity baseline) trains no step: it is evaluated as built
+        self.max_steps = 0 if getattr(model, "counted", False) else train.total_steps(len(train_data))  # type: ignore[arg-type]
         self.step = 0                 # optimizer steps done
         self.epoch = 0                # epochs started
         self.batch_in_epoch = 0       # optimizer steps done in this epoch
@@ -378,6 +379,8 @@ class Trainer:
         raise failure from error
 
     def _final_writes(self, started: float) -> dict[str, Any]:
+        if self.max_steps == 0 and self.val_data is not None and self._last_checkpoint_step is None:
+            self._evaluate_and_checkpoint()  # trained no step: validated once, as built
         if self._last_checkpoint_step != self.step:
             self._save_checkpoint()  # the summary now says `running` at this step: resumable from here
         if self._stop_reason is not None and self._stop_reason != "early_stop":
