@@ -21,6 +21,8 @@ from trainwise.diagnose.run_rules import RunFacts, diagnose
 from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.calibration import calibration_verdict
 from trainwise.evaluate.report_recsys import recsys_section
+from trainwise.evaluate.readable import finding_text, readable_evidence
+from trainwise.evaluate.readable import fmt as _fmt
 from trainwise.evaluate.run_eval import read_evals
 from trainwise.run import RunDir
 
@@ -69,7 +71,8 @@ def gather(run: RunDir) -> dict[str, Any]:
     events = run.read_events()
     warnings = [{"source": f"evaluation ({split} split)", **w}
                 for split, e in evaluations.items() for w in e.get("warnings", [])]
-    warnings += [{"source": "training", **e} for e in events if e.get("severity") in ("warning", "error")]
+    warnings += [{"source": "training", **e} for i, e in enumerate(events)
+                 if e.get("severity") in ("warning", "error") and not _resumed_since(e, events[i + 1:])]
     summary = run.read_summary()
     system = run.read_system()
     # the Diagnosis section: the diagnose stage's findings over the same records (it owns the rules)
@@ -95,6 +98,12 @@ def gather(run: RunDir) -> dict[str, Any]:
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
     }
+
+
+def _resumed_since(event: dict[str, Any], later: list[dict[str, Any]]) -> bool:
+    """A stop by a signal that a later session resumed from: history (the events table keeps it), not a
+    warning; its "Continue with: trainwise resume" advice was taken."""
+    return event.get("kind") in ("stopped", "signal") and any(e.get("kind") == "resumed" for e in later)
 
 
 def split_table(evaluations: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, str], str]]:
@@ -253,6 +262,8 @@ def render_html(facts: dict[str, Any]) -> str:
 
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     environment.filters["fmt"] = _fmt
+    environment.filters["readable"] = readable_evidence
+    environment.filters["finding_text"] = finding_text
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(**facts, charts=encoded_figures(facts))
 
@@ -335,17 +346,3 @@ def _flatten(sample: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
-    return str(value)
