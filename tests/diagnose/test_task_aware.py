@@ -82,3 +82,10 @@ def test_the_regression_as_classification_crash_is_explained():
     finding = explain(log)
     assert finding.code == "shape_mismatch" and "(N, 1)" in finding.title
     assert "regression" in " ".join(finding.fixes)
+
+
+def test_check_refuses_a_monitor_typo_before_any_step(capsys):
+    from tests.conftest import invoke
+
+    result = invoke(capsys, "check", "breast-cancer", "eval.monitor=val/acc", "telemetry.enabled=false")
+    assert result.returncode == 2 and "Did you mean val/accuracy" in result.stderr

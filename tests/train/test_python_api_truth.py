@@ -59,3 +59,14 @@ def test_a_monitor_typo_fails_before_step_1_with_the_name_meant(tmp_path):
         Trainer(nn.Linear(4, 3), TensorDataset(x, y), val_data=TensorDataset(x, y), run_dir=RunDir(tmp_path / "r"),
                 config=config_from_dict({**CONFIG, "eval": {"monitor": "val/acc"}}))
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_the_report_of_a_python_run_says_what_the_cli_can_and_cannot_redo(tmp_path):
+    from trainwise.evaluate.report import write_report
+
+    run = RunDir.create(tmp_path / "r")
+    Trainer(nn.Linear(4, 1), _regression_data(), run_dir=run, config=config_from_dict(CONFIG)).fit()
+    for fmt in ("md", "html"):
+        text = write_report(run, fmt=fmt).read_text()
+        assert "Trained from Python on your own model (torch.nn.modules.linear.Linear)" in text
+        assert "No test evaluation yet" not in text and "train samples 200" in text

@@ -20,7 +20,7 @@ def test_sanity_warnings_are_said_before_the_first_step(tmp_path):
     trainer = _trainer(tmp_path)
     finding = Finding("overfit_probe_slow", "warn", "one batch is not memorised: loss still 97% of its start", "")
     SanityFindings([finding], console=Console(file=out, width=200)).on_fit_start(trainer)
-    assert "sanity check: one batch is not memorised" in out.getvalue()
+    assert "warning: one batch is not memorised" in out.getvalue()
     assert [e["kind"] for e in trainer.run_dir.read_events()] == ["sanity"]
 
 

@@ -121,8 +121,17 @@ def task_profile(spec: Any, model: Any = None) -> TaskProfile | None:
     return classification_profile(classes) if isinstance(classes, int) and classes >= 2 else None
 
 
-def check_monitor(monitor: str, metrics: tuple[str, ...], *, override: str = "eval.monitor") -> None:
-    """ConfigError before step 1 when `monitor` is not one of the metrics validation will log."""
+def validation_kind(spec: Any, profile: TaskProfile | None) -> str:
+    """Which metrics validation logs: the profile's kind, else the spec's task (a classifier whose class count
+    is unknown still logs accuracy)."""
+    return profile.kind if profile is not None else str(getattr(spec, "task", "classification"))
+
+
+def check_monitor(monitor: str, metrics: tuple[str, ...] | str, *, override: str = "eval.monitor") -> None:
+    """ConfigError before step 1 when `monitor` is not one of the metrics validation will log (`metrics`: their
+    names, or the kind of task whose names they are)."""
+    if isinstance(metrics, str):
+        metrics = VALIDATION_METRICS.get(metrics, ("loss",))
     known = [f"val/{m}" for m in metrics]
     if monitor in known:
         return

@@ -24,6 +24,7 @@ from trainwise.evaluate.report_recsys import recsys_section
 from trainwise.evaluate.readable import finding_text, readable_evidence
 from trainwise.evaluate.readable import fmt as _fmt
 from trainwise.evaluate.run_eval import read_evals
+from trainwise.recipes import FROM_PYTHON
 from trainwise.run import RunDir
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
@@ -97,7 +98,24 @@ def gather(run: RunDir) -> dict[str, Any]:
         "evaluations": evaluations, "split_table": split_table(evaluations), "calibration_verdict": calibration,
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
+        # trained from Python on the user's own model: the CLI cannot evaluate it (recipes.refuse_python_run)
+        "python_run": python_run_note(config),
     }
+
+
+def python_run_note(config: Any) -> str | None:
+    """What the CLI can and cannot do for a run trained from Python on the user's own model and data."""
+    if config is None or not str(config.model.name or "").startswith(FROM_PYTHON):
+        return None
+    return (f"Trained from Python on your own model ({config.model.name.removeprefix(FROM_PYTHON)}) and data "
+            f"({str(config.data.name).removeprefix(FROM_PYTHON)}, {fmt_count(config.data.args)}): the CLI cannot "
+            "build them again, so `trainwise eval` and `resume` do not apply; diagnose, report and compare read "
+            "the run as it is. Evaluate it from Python: load model.safetensors into your model and call "
+            "trainwise.train.predict.")
+
+
+def fmt_count(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}" for k, v in args.items()) or "size unknown"
 
 
 def _resumed_since(event: dict[str, Any], later: list[dict[str, Any]]) -> bool:
@@ -303,7 +321,9 @@ def render_markdown(facts: dict[str, Any]) -> str:
 def _markdown_evaluation(facts: dict[str, Any]) -> list[str]:
     evaluation, evaluations = facts["evaluation"], facts["evaluations"]
     lines: list[str] = []
-    if not evaluation:
+    if not evaluation and facts["python_run"]:
+        lines.append(facts["python_run"])
+    elif not evaluation:
         lines.append(f"No test evaluation yet: run `trainwise eval {facts['path']}` (it measures the held-out "
                      "test split)." + (" Other splits below." if evaluations else ""))
     if not evaluations:

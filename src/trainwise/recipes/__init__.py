@@ -62,3 +62,20 @@ def drop_other_models_args(config: RunConfig, recipe_model: str | None, override
              if item.startswith("model.args.")}
     config.model.args = {key: value for key, value in config.model.args.items()
                          if key in schema.model_fields or key in given}
+
+
+# A run trained from Python on the user's own module and dataset records them as `python:<class path>`
+# (train/python_run.py): the CLI can read such a run, but cannot build its model or data again.
+FROM_PYTHON = "python:"
+
+
+def refuse_python_run(config: RunConfig) -> None:
+    """ConfigError for a config recorded by a run made from Python: nothing here can rebuild its parts."""
+    if str(config.model.name or "").startswith(FROM_PYTHON) or str(config.data.name or "").startswith(FROM_PYTHON):
+        raise ConfigError(
+            f"this run was trained from Python on your own model ({config.model.name.removeprefix(FROM_PYTHON)}) "
+            f"and data ({str(config.data.name).removeprefix(FROM_PYTHON)}): the CLI cannot build them again, so "
+            "`trainwise eval`, `resume` and `check` cannot run on it. `trainwise diagnose`, `report` and "
+            "`compare` read it as it is. Evaluate it from Python: load RUN/model.safetensors into your model "
+            "(safetensors.torch.load_file) and call trainwise.train.predict(model, dataset, device=...); resume "
+            "with Trainer(model, data, config=..., run_dir=RunDir.open(RUN)).fit(resume=True).")

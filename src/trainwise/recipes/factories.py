@@ -23,6 +23,7 @@ from trainwise.data.bundle import DataBundle, DataSpec
 from trainwise.errors import ConfigError, FactoryError, TrainingError, TrainwiseError
 from trainwise.recipes.datasets import BUILTIN_DATA
 from trainwise.recipes.models import BUILTIN_MODELS
+from trainwise.recipes import refuse_python_run
 from trainwise.recipes.schemas import DATA_ARGS, MODEL_ARGS, checked_args, describe_args_error
 
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -61,23 +62,6 @@ def import_factory(reference: str, field: str) -> Callable[..., Any]:
 def _is_standard_library(module_name: str) -> bool:
     top = module_name.partition(".")[0]
     return top in ("builtins", "posix", "nt", "__main__") or top in sys.stdlib_module_names
-
-
-# A run trained from Python on the user's own module and dataset records them as `python:<class path>`
-# (train/python_run.py): the CLI can read such a run, but cannot build its model or data again.
-FROM_PYTHON = "python:"
-
-
-def refuse_python_run(config: RunConfig) -> None:
-    """ConfigError for a config recorded by a run made from Python: nothing here can rebuild its parts."""
-    if str(config.model.name or "").startswith(FROM_PYTHON) or str(config.data.name or "").startswith(FROM_PYTHON):
-        raise ConfigError(
-            f"this run was trained from Python on your own model ({config.model.name.removeprefix(FROM_PYTHON)}) "
-            f"and data ({str(config.data.name).removeprefix(FROM_PYTHON)}): the CLI cannot build them again, so "
-            "`trainwise eval`, `resume` and `check` cannot run on it. `trainwise diagnose`, `report` and "
-            "`compare` read it as it is. Evaluate it from Python: load RUN/model.safetensors into your model "
-            "(safetensors.torch.load_file) and call trainwise.train.predict(model, dataset, device=...); resume "
-            "with Trainer(model, data, config=..., run_dir=RunDir.open(RUN)).fit(resume=True).")
 
 
 def build_data(config: RunConfig) -> DataBundle:

@@ -73,8 +73,7 @@ class SanityFindings(Callback):
             trainer.run_dir.log_event("sanity", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=0, evidence=finding.to_dict())
             if trainer.ranks.is_main:  # said at the terminal too, in one line, before the first step
-                self.console.print(f"[yellow]sanity check[/]: {finding.title} (trainwise check shows the details)",
-                                   highlight=False)
+                self.console.print(f"[yellow]warning[/]: {finding.title}", highlight=False)
 
 
 _EVENT_SEVERITY = {"info": "info", "warn": "warning", "error": "error"}

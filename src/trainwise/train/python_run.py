@@ -5,7 +5,7 @@ config never named; its defaults (`model.name: mlp`, `data.name: digits`) would 
 happen, and `trainwise eval` would then fail to load the weights into an MLP. Such a run's config.yaml says
 `model.name: python:<module class path>` and `data.name: python:<dataset type>` with the sample counts, and
 `train.sanity: false` (the sanity checks run only when a recipe is trained from the CLI). The CLI reads the
-run (diagnose, report, compare) and says plainly that it cannot rebuild it (recipes.factories.refuse_python_run).
+run (diagnose, report, compare) and says plainly that it cannot rebuild it (recipes.refuse_python_run).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from trainwise.config import RunConfig
-from trainwise.recipes.factories import FROM_PYTHON
+from trainwise.recipes import FROM_PYTHON
 
 
 def class_path(thing: Any) -> str:

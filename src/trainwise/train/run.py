@@ -51,9 +51,17 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         findings = sanity_check(config, bundle)
         raise_for_errors(findings)
     model = build_model(config, bundle.spec)
-    callbacks = [*callbacks, SanityFindings(findings)]
-    return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
-                   data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
+    said = SanityFindings(findings)
+    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, said],
+                      data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
+    if trainer.device.type == "cpu" and findings:  # a long CPU run is said before its first step, with the levers
+        from trainwise.diagnose.sanity import slow_cpu_run
+
+        slow = slow_cpu_run(findings, batch_size=config.train.batch_size, max_steps=trainer.max_steps,
+                            threads=torch.get_num_threads(), full_softmax=trainer.profile is not None
+                            and trainer.profile.kind == "next_item" and trainer.profile.loss != "sampled_softmax")
+        said.findings += [slow] if slow is not None else []
+    return trainer
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,

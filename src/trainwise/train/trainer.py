@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
-from trainwise.data.task_profile import VALIDATION_METRICS, check_monitor, infer_spec, task_profile
+from trainwise.data.task_profile import check_monitor, infer_spec, task_profile, validation_kind
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import ConfigError, RunDirWarning, TrainingError
@@ -77,9 +77,9 @@ class Trainer:
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
         self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
         self.profile = task_profile(self.data_spec, model)  # what chance is: summary.json records it
-        self.eval_kind = self.profile.kind if self.profile else self.task
+        self.eval_kind = validation_kind(self.data_spec, self.profile)
         if val_data is not None:  # a typo in eval.monitor fails now, not at the first evaluation hours in
-            check_monitor(config.eval.monitor, VALIDATION_METRICS.get(self.eval_kind, ("loss",)))
+            check_monitor(config.eval.monitor, self.eval_kind)
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
