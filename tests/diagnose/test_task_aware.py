@@ -89,3 +89,16 @@ def test_check_refuses_a_monitor_typo_before_any_step(capsys):
 
     result = invoke(capsys, "check", "breast-cancer", "eval.monitor=val/acc", "telemetry.enabled=false")
     assert result.returncode == 2 and "Did you mean val/accuracy" in result.stderr
+
+
+def test_validation_measures_what_each_recommender_is_judged_by():
+    import torch
+
+    from trainwise.train.evaluation import headline_metrics
+
+    scores = torch.tensor([[5.0, 1.0, 0.0], [0.0, 1.0, 5.0]])  # the target ranked first, then last
+    metrics = headline_metrics(scores, torch.tensor([0, 0]), "next_item", lambda o, t: torch.tensor(1.0))
+    assert metrics["hr@10"] == 1.0 and metrics["ndcg@10"] == pytest.approx((1 + 1 / math.log2(4)) / 2)
+    clicks = torch.tensor([[0.0, 2.0], [0.0, -1.0], [0.0, 1.0], [0.0, 0.5]])
+    metrics = headline_metrics(clicks, torch.tensor([1, 0, 1, 0]), "click", lambda o, t: torch.tensor(0.5))
+    assert metrics["auc"] == 1.0 and "balanced_accuracy" in metrics

@@ -25,6 +25,7 @@ from trainwise.errors import ConfigError
 CLASSIFICATION_METRICS = ("loss", "accuracy", "balanced_accuracy")
 REGRESSION_METRICS = ("loss", "mae", "rmse")
 NEXT_ITEM_METRICS = ("loss", "ndcg@10", "hr@10")
+CLICK_METRICS = ("loss", "auc", "accuracy", "balanced_accuracy")
 LANGUAGE_MODEL_METRICS = ("loss", "perplexity")
 # the expected NDCG@10 of a random ranking, times the catalogue size: sum of 1/log2(r + 1) for r = 1..10
 RANDOM_NDCG10_TIMES_ITEMS = sum(1 / math.log2(r + 1) for r in range(1, 11))
@@ -65,7 +66,7 @@ class TaskProfile:
             return None
 
 
-VALIDATION_METRICS = {"classification": CLASSIFICATION_METRICS, "click": CLASSIFICATION_METRICS,
+VALIDATION_METRICS = {"classification": CLASSIFICATION_METRICS, "click": CLICK_METRICS,
                       "regression": REGRESSION_METRICS, "next_item": NEXT_ITEM_METRICS,
                       "language_model": LANGUAGE_MODEL_METRICS}
 
@@ -94,7 +95,7 @@ def click_profile(negatives: int) -> TaskProfile:
     """A click model against `negatives` non-clicks per click: knowing nothing, it predicts the click rate."""
     rate = 1 / (1 + negatives)
     entropy = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
-    return TaskProfile("click", CLASSIFICATION_METRICS, "loss", entropy, {"balanced_accuracy": 0.5},
+    return TaskProfile("click", CLICK_METRICS, "auc", entropy, {"balanced_accuracy": 0.5},
                        "cross_entropy", f"click model, {negatives} negatives per click")
 
 
@@ -125,6 +126,16 @@ def validation_kind(spec: Any, profile: TaskProfile | None) -> str:
     """Which metrics validation logs: the profile's kind, else the spec's task (a classifier whose class count
     is unknown still logs accuracy)."""
     return profile.kind if profile is not None else str(getattr(spec, "task", "classification"))
+
+
+def run_profile(spec: Any, model: Any, monitor: str | None) -> tuple[TaskProfile | None, str]:
+    """(profile, validation kind) of a run; `monitor`, when the run validates, is checked against the metrics
+    validation logs (ConfigError before step 1, with the name meant)."""
+    profile = task_profile(spec, model)
+    kind = validation_kind(spec, profile)
+    if monitor is not None:
+        check_monitor(monitor, kind)
+    return profile, kind
 
 
 def check_monitor(monitor: str, metrics: tuple[str, ...] | str, *, override: str = "eval.monitor") -> None:

@@ -96,8 +96,8 @@ def live_findings(records: Sequence[dict[str, Any]], system: Sequence[dict[str, 
     the first records of the run in the window: a flat or diverging loss is measured against where it
     started. `system`: recent telemetry samples. `device`, `precision`: the trainer's resolved ones (as
     summary.json records them), for the slow-training rules. `task`: the run's TaskProfile as a dict (what
-    chance is), for the rules that compare to chance; without it they stay silent. Rules that only make sense at the end (a run
-    "still improving") are left out. Pure and cheap (a few hundred records take milliseconds): call it from
+    chance is), for the rules that compare to chance; without it they stay silent. Rules that only make sense
+    at the end (a run "still improving") are left out. Pure and cheap (a few hundred records take milliseconds): call it from
     `on_log` or `on_eval`, and act on the codes that are new since the last call.
     """
     found = diagnose(RunFacts(metrics=list(records), system=list(system), config=config,

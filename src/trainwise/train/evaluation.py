@@ -55,13 +55,16 @@ def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,
     metrics = {"loss": float(loss_fn(outputs, targets))}
     if task == "next_item":  # a recommender is judged by ranking: the target's rank among every item
         metrics.update(next_item_metrics(outputs, targets))
-    elif task in ("classification", "click"):
+    elif task == "click":  # a click model is judged by how it orders clicks above non-clicks
+        metrics["auc"] = click_auc(outputs, targets)
+    if task in ("classification", "click"):
+        targets = targets.argmax(1) if targets.dim() > 1 else targets  # soft labels: their most likely class
         predicted = outputs.argmax(1)
         correct = predicted == targets
         metrics["accuracy"] = float(correct.float().mean())
         recalls = [float(correct[targets == c].float().mean()) for c in targets.unique()]
         metrics["balanced_accuracy"] = sum(recalls) / len(recalls)
-    elif task == "regression":
+    if task == "regression":
         error = outputs.reshape(len(outputs), -1).squeeze(-1) - targets.reshape(len(targets), -1).squeeze(-1).float()
         metrics["mae"] = float(error.abs().mean())
         metrics["rmse"] = float(error.pow(2).mean().sqrt())
@@ -79,3 +82,16 @@ def next_item_metrics(scores: torch.Tensor, targets: torch.Tensor, cutoff: int =
     hit = ranks <= cutoff
     return {f"ndcg@{cutoff}": float(torch.where(hit, 1 / torch.log2(ranks + 1), 0.0).mean()),
             f"hr@{cutoff}": float(hit.double().mean())}
+
+
+def click_auc(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """ROC-AUC of the click logit (outputs [N, 2]: no-click, click) over the validation pairs: the chance that a
+    click scores above a non-click (0.5: no better than a coin)."""
+    score = (outputs[:, 1] - outputs[:, 0]).double()
+    clicked = targets.reshape(-1) == 1
+    positives, negatives = int(clicked.sum()), int((~clicked).sum())
+    if not positives or not negatives:
+        return float("nan")
+    ranks = torch.empty_like(score)
+    ranks[score.argsort()] = torch.arange(1, len(score) + 1, dtype=score.dtype)
+    return float((ranks[clicked].sum() - positives * (positives + 1) / 2) / (positives * negatives))

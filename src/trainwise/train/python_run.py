@@ -19,7 +19,8 @@ from trainwise.recipes import FROM_PYTHON
 
 def class_path(thing: Any) -> str:
     kind = type(thing)
-    return kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    local = kind.__module__ in ("builtins", "__main__")
+    return kind.__qualname__ if local else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def python_run_config(config: RunConfig, model: nn.Module, train_data: Any, val_data: Any) -> RunConfig:

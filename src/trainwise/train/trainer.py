@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
-from trainwise.data.task_profile import check_monitor, infer_spec, task_profile, validation_kind
+from trainwise.data.task_profile import infer_spec, run_profile
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import ConfigError, RunDirWarning, TrainingError
@@ -57,9 +57,8 @@ class Trainer:
                  config: RunConfig, run_dir: RunDir | None = None, callbacks: Sequence[Callback] = (),
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None, built_from_config: bool = False):
-        if not built_from_config:  # the caller's own model and data: config.yaml records them (python_run.py)
-            config = python_run_config(config, model, train_data, val_data)
-        self.config = config
+        # the caller's own model and data (not built from `config`): config.yaml records them (python_run.py)
+        self.config = config = config if built_from_config else python_run_config(config, model, train_data, val_data)
         # one process, or one rank of a torchrun job
         self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy in ("ddp", "fsdp"))
         self.strategy = resolve_strategy(config.train.strategy, self.ranks)
@@ -76,10 +75,9 @@ class Trainer:
             self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
         self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
-        self.profile = task_profile(self.data_spec, model)  # what chance is: summary.json records it
-        self.eval_kind = validation_kind(self.data_spec, self.profile)
-        if val_data is not None:  # a typo in eval.monitor fails now, not at the first evaluation hours in
-            check_monitor(config.eval.monitor, self.eval_kind)
+        # what chance is (summary.json records it) and what validation logs; a monitor typo fails here
+        self.profile, self.eval_kind = run_profile(self.data_spec, model, None if val_data is None
+                                                   else config.eval.monitor)
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
@@ -93,8 +91,8 @@ class Trainer:
                               f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
         self.accumulation_steps = train.batch_size // per_step
         self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
-        # a model fitted by counting (the popularity baseline) trains no step: it is evaluated as built
-        self.max_steps = 0 if getattr(model, "counted", False) else train.total_steps(len(train_data))  # type: ignore[arg-type]
+        self.max_steps = 0 if getattr(model, "counted", False) else train.total_steps(  # counted: no step
+            len(train_data))  # type: ignore[arg-type]
         self.step = 0                 # optimizer steps done
         self.epoch = 0                # epochs started
         self.batch_in_epoch = 0       # optimizer steps done in this epoch
