@@ -1,10 +1,10 @@
 """`trainwise lr-find digits --out <a table run>` must not write a digits LR test into that run (issue 26)."""
 import pytest
 
-from trainwise.diagnose import lr_find as finder
+from trainwise.check import lr_find as finder
 from trainwise.errors import RunDirError
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def test_an_lr_test_of_another_recipe_is_refused_in_a_run_directory(tmp_path):

@@ -1,10 +1,10 @@
 """`trainwise train` says before step 1 when a CPU run is planned to take over ~30 minutes, with the levers."""
 from tests.conftest import tiny_config
-from trainwise.diagnose.sanity import slow_cpu_run
+from trainwise.check.sanity import slow_cpu_run
 from trainwise.findings import Finding
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.live_diagnosis import SanityFindings
-from trainwise.train.run import build_trainer
+from trainwise.launch.runs import build_trainer
 
 
 def _probe(seconds):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from trainwise.data.task_profile import (TaskProfile, check_monitor, classification_profile, click_profile,
+from trainwise.diagnose.task_profile import (TaskProfile, check_monitor, classification_profile, click_profile,
                                          language_model_profile, next_item_profile)
 from trainwise.diagnose.convergence import convergence_findings
 from trainwise.errors import ConfigError
@@ -94,7 +94,7 @@ def test_check_refuses_a_monitor_typo_before_any_step(capsys):
 def test_validation_measures_what_each_recommender_is_judged_by():
     import torch
 
-    from trainwise.train.evaluation import headline_metrics
+    from trainwise.runtime.inference import headline_metrics
 
     scores = torch.tensor([[5.0, 1.0, 0.0], [0.0, 1.0, 5.0]])  # the target ranked first, then last
     metrics = headline_metrics(scores, torch.tensor([0, 0]), "next_item", lambda o, t: torch.tensor(1.0))

@@ -4,7 +4,7 @@ from tests.conftest import invoke, tiny_config
 from trainwise.evaluate.readable import fmt, readable_evidence
 from trainwise.evaluate.report import gather
 from trainwise.findings import Finding
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.summary import typical_rate
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from trainwise.findings import Finding
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.progress import ProgressDisplay
 

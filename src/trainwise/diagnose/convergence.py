@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise.data.task_profile import TaskProfile
+from trainwise.diagnose.task_profile import TaskProfile
 from trainwise.diagnose.curves import Points, series, value_at
 from trainwise.diagnose.findings import Finding
 

@@ -16,7 +16,7 @@ from trainwise.config import metric_mode
 from trainwise.diagnose.findings import Finding
 
 if TYPE_CHECKING:
-    from trainwise.data.task_profile import TaskProfile
+    from trainwise.diagnose.task_profile import TaskProfile
 
 # Val loss this far (relative) above its best before "rising" is more than evaluation noise.
 OVERFIT_RISE = 0.02

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.atomic import atomic_write_text
+from trainwise.rundir.atomic import atomic_write_text
 from trainwise.errors import ConfigError, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
 from trainwise.evaluate.curves import CurveAnalysis, best_point, series
@@ -25,7 +25,7 @@ from trainwise.evaluate.readable import finding_text, readable_evidence
 from trainwise.evaluate.readable import fmt as _fmt
 from trainwise.evaluate.run_eval import read_evals
 from trainwise.recipes import FROM_PYTHON
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 _NOT_METRICS = {"step", "epoch", "time", "split", "loss"}
@@ -262,7 +262,7 @@ def _telemetry_label(key: str, fields: dict[str, str]) -> str:
 
 def _lr_find_uri(data: dict[str, Any]) -> str | None:
     """The lr-find curve, drawn by lr-find's own renderer from the JSON it wrote."""
-    from trainwise.diagnose.lr_find import LrFindResult, SweepSettings, render_png
+    from trainwise.diagnose.lr_curve import LrFindResult, SweepSettings, render_png
 
     try:
         result = LrFindResult(lrs=[float(x) for x in data["lrs"]], losses=[float(x) for x in data["losses"]],
