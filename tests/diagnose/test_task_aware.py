@@ -29,7 +29,7 @@ def test_a_healthy_sampled_softmax_recommender_is_not_at_chance():
 
 
 def test_without_a_task_the_chance_rule_is_silent():
-    records = _records([2.303] * 12, {"loss": 2.303, "balanced_accuracy": 0.1})
+    records = _records([3.1, 2.9] + [2.303] * 10, {"loss": 2.303, "balanced_accuracy": 0.1})
     assert convergence_findings(records) == [] or all(f.code != "loss_at_chance"
                                                        for f in convergence_findings(records))
     assert [f.code for f in convergence_findings(records, task=classification_profile(10))] == ["loss_at_chance"]
@@ -37,11 +37,16 @@ def test_without_a_task_the_chance_rule_is_silent():
 
 def test_a_recommender_at_chance_is_named_with_its_own_chance():
     chance = math.log(1001)
-    records = _records([chance * 1.001] * 12, {"loss": 9.4, "ndcg@10": 0.0003})
+    records = _records([8.5, 7.9] + [chance * 1.001] * 10, {"loss": 9.4, "ndcg@10": 0.0003})
     [finding] = convergence_findings(records, task=next_item_profile(12_102, sampled=1000))
     assert finding.code == "loss_at_chance"
     assert "1,000 negatives" in finding.title and finding.evidence["chance_loss"] == pytest.approx(chance)
     assert "classes" not in finding.evidence and finding.evidence["ndcg@10"] == 0.0003
+
+
+def test_a_model_that_never_left_chance_is_flat_not_at_chance():
+    records = _records([2.303 * (1 + 0.001 * (i % 3)) for i in range(12)], {"loss": 2.303, "balanced_accuracy": 0.1})
+    assert [f.code for f in convergence_findings(records, task=classification_profile(10))] == ["loss_flat"]
 
 
 def test_a_click_model_chance_is_the_entropy_of_the_click_rate():

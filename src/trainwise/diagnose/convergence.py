@@ -134,6 +134,8 @@ def at_chance(records: list[dict[str, Any]], train: Points, task: TaskProfile | 
                           else -math.inf)
     lr = value_at(records, "train", "lr", since)
     blew_up = peak > 3 * chance
+    if not blew_up and all(abs(v - chance) <= CHANCE_LOSS_TOLERANCE * chance for _, v in train):
+        return None  # it never left chance: a model that does not learn at all, which `flat` names with its LR
     return Finding(
         "loss_at_chance", "error", f"the model predicts at chance: loss {settled:.3f} ≈ {chance:.3f} "
         f"({task.detail}) since step {since}",
