@@ -21,6 +21,7 @@ from trainwise.rundir.trust import require_trust
 from trainwise.runtime.seed import seed_everything
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
+from trainwise.train.run_task import ValidateAsBuilt
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
 from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
@@ -45,8 +46,9 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         findings = sanity_check(config, bundle)
         raise_for_errors(findings)
     model = build_model(config, bundle.spec)
-    said = SanityFindings(findings)
-    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, said],
+    sanity = SanityFindings(findings)
+    said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
+    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, *said],
                       data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
     if trainer.device.type == "cpu" and findings:  # a long CPU run is said before its first step, with the levers
         import torch
@@ -56,7 +58,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         slow = slow_cpu_run(findings, batch_size=config.train.batch_size, max_steps=trainer.max_steps,
                             threads=torch.get_num_threads(), full_softmax=trainer.profile is not None
                             and trainer.profile.kind == "next_item" and trainer.profile.loss != "sampled_softmax")
-        said.findings += [slow] if slow is not None else []
+        sanity.findings += [slow] if slow is not None else []
     return trainer
 
 

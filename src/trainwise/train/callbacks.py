@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from trainwise.config import RunConfig
-
     from trainwise.train.trainer import Trainer
 
 
@@ -69,9 +68,9 @@ class CallbackList(Callback):
             c.on_fit_end(trainer, summary)
 
 
-def default_callbacks(config: RunConfig) -> list[Callback]:
-    """What every training run has on its main rank: progress, live diagnosis, non-finite validation,
-    TensorBoard when installed, telemetry when enabled."""
+def default_callbacks(config: "RunConfig") -> list[Callback]:
+    """What every run has on its main rank: the progress display, live diagnosis, the non-finite validation
+    check, TensorBoard when installed, telemetry when enabled."""
     from trainwise.train.live_diagnosis import LiveDiagnosis
     from trainwise.train.nonfinite_validation import NonFiniteValidation
     from trainwise.train.progress import ProgressDisplay, TensorBoardLog
