@@ -16,7 +16,8 @@ def test_the_report_lists_the_findings_worst_first(tmp_path):
     section = html[html.index("<h2>Diagnosis</h2>"):]
     section = section[:section.index("</section>")]
     assert section.index("gpu_temperature") < section.index("overfitting")  # the error first
-    assert "(step 200)" in section and "early_stopping" in section and "max_temperature_c=93" in section
+    assert "(step 200)" in section and "early_stopping" in section  # evidence as rows, not a Python dump:
+    assert "<td>max_temperature_c</td><td>93</td>" in section
     markdown = write_report(run, "md").read_text()
     assert "## Diagnosis" in markdown and "**warn** `overfitting` at step 200" in markdown
 

@@ -140,11 +140,13 @@ def test_live_findings_use_the_same_rules_on_the_records_in_hand(tmp_path):
 
 
 def _chance_run(path, *, spike: bool, accuracy: float):
+    from trainwise.diagnose.task_profile import classification_profile
     from trainwise.recipes import load_recipe
     from trainwise.rundir.layout import RunDir
 
     run = RunDir.create(path, overwrite=True)
     run.write_config(load_recipe("digits", ["train.max_steps=120", "schedule.warmup_steps=0"]))
+    run.write_summary({"status": "completed", "task": classification_profile(10).to_dict()})
     for step in range(5, 125, 5):
         loss = 1260.0 if spike and step == 5 else (2.303 if step > 10 else 3.2)
         run.log_metrics({"split": "train", "step": step, "epoch": 0, "loss": loss * (1 + 0.001 * (step % 3)),

@@ -142,11 +142,14 @@ def lr_find_config(config: RunConfig, settings: SweepSettings = SweepSettings())
 
 # ---- outputs --------------------------------------------------------------------------------------
 
-def refuse_out_dir(out: Path, *, overwrite: bool) -> None:
+def refuse_out_dir(out: Path, *, overwrite: bool, config: RunConfig | None = None) -> None:
     """Before any work: `out` must be a new or empty directory, or a run directory without an LR range test
-    yet (its report then shows the test), unless the user said --overwrite."""
+    yet (its report then shows the test), unless the user said --overwrite; and a run directory only of the
+    same model and data as `config` (another recipe's report would show this test as its own)."""
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} exists and is not a directory; choose another --out.")
+    if config is not None and RunDir(out).config_path.is_file():
+        refuse_other_run(out, config)
     ours = RunDir(out).lr_find_paths
     a_run_to_add_to = RunDir(out).config_path.is_file() and not any(p.exists() for p in ours)
     if out.is_dir() and any(out.iterdir()) and not overwrite and not a_run_to_add_to:
@@ -156,6 +159,27 @@ def refuse_out_dir(out: Path, *, overwrite: bool) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirError(f"--out {out}: cannot write there ({existing} is not a directory you can write to). "
                           "Choose another --out.")
+
+
+def refuse_other_run(out: Path, config: RunConfig) -> None:
+    """RunDirError when the run in `out` trained another model or data than the range test would use."""
+    from trainwise.errors import TrainwiseError
+
+    try:
+        theirs = RunDir(out).read_config()
+    except TrainwiseError:
+        raise RunDirError(f"--out {out} holds a config.yaml that cannot be read: nothing was touched. Choose "
+                          "another --out.") from None
+    mine, other = _trained_on(config), _trained_on(theirs)
+    if mine != other:
+        raise RunDirError(f"--out {out} is a run of {theirs.name or 'another recipe'} (model {other[0]} on "
+                          f"{other[2] or other[1]}); this LR range test is of {config.name or 'another recipe'} "
+                          f"(model {mine[0]} on {mine[2] or mine[1]}), and that run's report would show it as its "
+                          "own. Nothing was touched. Choose another --out, or the run of this recipe.")
+
+
+def _trained_on(config: RunConfig) -> tuple[str | None, str | None, str | None]:
+    return config.model.factory or config.model.name, config.data.factory or config.data.name, config.data.path
 
 
 def write_outputs(result: LrFindResult, out: Path) -> tuple[Path, Path]:

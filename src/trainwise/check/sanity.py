@@ -52,6 +52,7 @@ def raise_for_errors(findings: list[Finding]) -> None:
 
 def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     from trainwise.data.bundle import check_labels
+    from trainwise.diagnose.task_profile import check_monitor, task_profile, validation_kind
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
     from trainwise.train.optim import build_optimizer
@@ -63,6 +64,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     bundle = bundle if bundle is not None else build_data(config)
     check_labels(bundle)
     spec = bundle.spec
+    if bundle.val is not None:  # a typo in eval.monitor: said here (check, train), not at the first evaluation
+        check_monitor(config.eval.monitor, validation_kind(spec, task_profile(spec)))
     splits = [split_data(name, dataset) for name, dataset in
               (("train", bundle.train), ("val", bundle.val), ("test", bundle.test)) if dataset is not None]
     findings = data_findings(splits, task=spec.task, num_classes=spec.num_classes, class_names=spec.class_names)
@@ -75,6 +78,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
         inputs, targets = {key: torch.stack([s[key] for s in samples]) for key in samples[0]}, None
     torch.manual_seed(config.seed)
     model = build_model(config, spec)
+    if getattr(model, "counted", False):  # fitted by counting (the popularity baseline): nothing to memorise
+        return worst_first(findings)
     device = resolve_device(config.train.device)
     findings.append(overfit_one_batch(
         model, inputs, targets, optimizer=build_optimizer(model.to(device), config.optim),
@@ -110,3 +115,33 @@ def split_data(name: str, dataset: Any, limit: int = MAX_ROWS) -> SplitData:
 def _timed(finding: Finding, elapsed: float) -> Finding:
     return Finding(finding.code, finding.severity, finding.title, finding.detail,
                    {**finding.evidence, "check_seconds": elapsed}, finding.fixes, finding.step)
+
+
+# A CPU run planned longer than this is said before its first step, with what would shorten it.
+SLOW_CPU_RUN_S = 30 * 60
+
+
+def slow_cpu_run(findings: list[Finding], *, batch_size: int, max_steps: int, threads: int,
+                 full_softmax: bool = False) -> Finding | None:
+    """A warning when the one-batch probe's pace says this CPU run takes over SLOW_CPU_RUN_S. The probe ran
+    `steps` steps of `rows` rows on one thread; the estimate scales to the run's batch and divides by its
+    threads (the best case: more threads rarely scale that well), so a warning is never a false alarm of
+    scale."""
+    probe = next((f for f in findings if f.code in ("overfit_probe", "overfit_probe_slow")), None)
+    evidence = probe.evidence if probe is not None else {}
+    if not all(isinstance(evidence.get(k), (int, float)) and evidence[k] > 0 for k in ("seconds", "steps", "rows")):
+        return None
+    per_step = evidence["seconds"] / evidence["steps"] * batch_size / evidence["rows"] / max(threads, 1)
+    planned = per_step * max_steps
+    if planned <= SLOW_CPU_RUN_S:
+        return None
+    hours = f"{planned / 3600:.1f} h" if planned >= 3600 else f"{planned / 60:.0f} min"
+    levers = (["model.args.loss=sampled (a sampled softmax instead of scoring every item)"] if full_softmax else []) \
+        + [f"fewer passes or steps (train.epochs / train.max_steps; now {max_steps:,} steps)",
+           "a GPU: `trainwise plan RECIPE` says which card fits and what it costs"]
+    return Finding(
+        "slow_on_cpu", "warn", f"this run will take about {hours} on the CPU ({max_steps:,} steps); shorter: "
+        + "; ".join(levers), f"The one-batch check ran at {per_step:.2f} s per step of {batch_size} samples (scaled "
+        f"from {evidence['steps']} steps of {evidence['rows']} rows on one thread to {threads} threads).",
+        {"planned_s": planned, "seconds_per_step": per_step, "max_steps": max_steps, "batch_size": batch_size,
+         "threads": threads, "rule": f"planned > {SLOW_CPU_RUN_S / 60:.0f} min on the CPU"}, tuple(levers))

@@ -27,6 +27,8 @@ def demo_run(out: str | Path, *, overwrite: bool = False, console: Console | Non
     summary = run.read_summary()
     console.print(f"[bold]digits[/]: {summary['steps']} steps in {summary['timings']['wall_s']:.1f} s on "
                   f"{summary['device']} ({summary['precision']})")
+    if summary.get("message"):  # an early stop: when, and which step's weights were kept
+        console.print(summary["message"], highlight=False)
     console.print(f"test accuracy {metrics['accuracy']:.2%} (balanced {metrics['balanced_accuracy']:.2%}) "
                   f"on {metrics['samples']} held-out images")
     console.print(f"run directory: {run.path}\nreport:        {report}")

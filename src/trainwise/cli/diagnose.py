@@ -150,8 +150,8 @@ def lr_find(
 
     settings = finder.SweepSettings(min_lr=min_lr, max_lr=max_lr, steps=steps)
     settings.check()
-    finder.refuse_out_dir(out, overwrite=overwrite)  # fail fast, before the sweep
     config = load_recipe(recipe, overrides or [])
+    finder.refuse_out_dir(out, overwrite=overwrite, config=config)  # fail fast, before the sweep
     result = finder.lr_find_config(config, settings)
     json_path, png_path = finder.write_outputs(result, out)
     console = Console()

@@ -74,7 +74,8 @@ def compare_command(
 ) -> None:
     """Side by side: the config keys that differ between runs, and their final, best and test metrics."""
     from trainwise.errors import ConfigError
-    from trainwise.evaluate.compare import compare_runs
+    from trainwise.evaluate.compare import compare_runs, config_value
+    from trainwise.evaluate.readable import fmt
 
     if len(run_dirs) < 2:
         raise ConfigError(f"compare needs two or more run directories; got one ({run_dirs[0]}). To look at one "
@@ -87,13 +88,12 @@ def compare_command(
     if result["config_differences"]:
         table.add_row("[bold]config[/]", *[""] * len(result["names"]))
         for key, values in result["config_differences"].items():
-            table.add_row(key, *(str(v) for v in values))
+            table.add_row(key, *(config_value(v) for v in values))
     else:
         table.add_row("[bold]config[/]", *["(identical)"] * len(result["names"]))
     table.add_row("[bold]metrics[/]", *[""] * len(result["names"]))
     for key, values in result["metrics"].items():
-        table.add_row(key, *(f"{v:.4g}" if isinstance(v, float) else ("—" if v is None else str(v))
-                             for v in values))
+        table.add_row(key, *(fmt(v) for v in values))
     console.print(table)
     for note in result.get("notes", []):
         console.print(Text(note), soft_wrap=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from trainwise.diagnose.task_profile import TaskProfile
 from trainwise.diagnose.curves import Points, series, value_at
 from trainwise.diagnose.findings import Finding
 
@@ -37,22 +38,29 @@ LEVEL_FLOOR = 0.1
 # is read off the balanced accuracy (1/C at chance) — and no better than chance by more than this margin.
 CHANCE_LOSS_TOLERANCE = 0.05
 CHANCE_ACCURACY_MARGIN = 0.05
+# A ranking metric (NDCG@10) counts as chance below this many times what a random ranking scores: healthy
+# recommenders score tens of times chance within their first pass.
+CHANCE_RANKING_FACTOR = 2.0
+# Train logs at exactly zero loss and zero gradient norm before calling the loss dead.
+ZERO_LOSS_LOGS = 3
 
 LR_SWEEP = "Find the LR: `trainwise lr-find RECIPE --out lr-find` (it prints the optim.lr override to use)."
 CHECK_INPUTS = ("Check the inputs and labels: `trainwise check RECIPE` (labels per split, NaN/Inf, scale, rows "
                 "leaked between splits, and whether the model can overfit one batch).")
 
 
-def convergence_findings(records: list[dict[str, Any]], *, warmup_steps: int = 0) -> list[Finding]:
+def convergence_findings(records: list[dict[str, Any]], *, warmup_steps: int = 0,
+                         task: TaskProfile | None = None) -> list[Finding]:
     """At most one of non-finite / diverging / oscillating / flat (the first that fires explains the
-    others), plus gradient spikes when the loss did not diverge from them."""
-    nonfinite = loss_nonfinite(records)
-    if nonfinite is not None:
-        return [nonfinite]  # every number after a NaN is meaningless
+    others), plus gradient spikes when the loss did not diverge from them. `task`: what chance is for this
+    run (summary.json's `task`); without it the at-chance rule stays silent."""
+    stopped = loss_nonfinite(records) or loss_stuck_at_zero(records)
+    if stopped is not None:
+        return [stopped]  # every number after a NaN is meaningless; a loss of 0 has nothing more to say
     train = [(s, v) for s, v in series(records, "train", "loss") if s > warmup_steps and math.isfinite(v)]
     # flat before oscillating: batch-to-batch jitter of a loss that does not fall is not an overshooting
     # optimizer, and "find a working LR" is the advice for both
-    found = (diverging(records, train) or at_chance(records, train) or flat(records, train, warmup_steps)
+    found = (diverging(records, train) or at_chance(records, train, task) or flat(records, train, warmup_steps)
              or oscillating(records, train))
     spikes = gradient_spikes(records, warmup_steps)
     if spikes is not None and (found is None or found.code != "loss_diverging"):
@@ -105,22 +113,20 @@ def diverging(records: list[dict[str, Any]], train: Points) -> Finding | None:
          LR_SWEEP, CHECK_INPUTS), step=turn_step)
 
 
-def at_chance(records: list[dict[str, Any]], train: Points) -> Finding | None:
-    """A classifier whose loss settled at ln(C) with chance-level balanced accuracy: it predicts every class
-    alike. Typical after a learning rate so high that the first steps blew the weights up (the loss spikes,
-    then collapses to the uniform prediction and stays there), or labels that carry no signal."""
-    if len(train) < MIN_POINTS:
+def at_chance(records: list[dict[str, Any]], train: Points, task: TaskProfile | None = None) -> Finding | None:
+    """A model whose train loss settled at the task's chance loss (ln C for C classes, ln(items) for a full
+    softmax recommender, ln(1 + negatives) for a sampled one) with a chance-level validation metric: it
+    predicts everything alike. Typical after a learning rate so high that the first steps blew the weights
+    up (the loss spikes, then collapses to the uniform prediction and stays there), or labels that carry no
+    signal. Silent when the task does not say what chance is."""
+    if task is None or task.chance_loss is None or not task.chance_loss > 0 or len(train) < MIN_POINTS:
         return None
-    accuracies = [(s, v) for s, v in series(records, "val", "balanced_accuracy") if math.isfinite(v)]
-    if not accuracies or not 0 < accuracies[-1][1] < 1:
+    metric = _chance_metric(records, task)
+    if metric is None:
         return None
-    step, accuracy = accuracies[-1]
-    classes = round(1 / accuracy)
-    if classes < 2 or accuracy > 1 / classes + CHANCE_ACCURACY_MARGIN:
-        return None
-    chance = math.log(classes)
-    tail = [v for _, v in train[len(train) // 2:]]
-    settled = float(np.median(tail))
+    name, step, value, chance_value = metric
+    chance = task.chance_loss
+    settled = float(np.median([v for _, v in train[len(train) // 2:]]))
     if abs(settled - chance) > CHANCE_LOSS_TOLERANCE * chance:
         return None
     since = next(s for s, v in train if abs(v - chance) <= CHANCE_LOSS_TOLERANCE * chance)
@@ -128,19 +134,57 @@ def at_chance(records: list[dict[str, Any]], train: Points) -> Finding | None:
                           else -math.inf)
     lr = value_at(records, "train", "lr", since)
     blew_up = peak > 3 * chance
+    if not blew_up and all(abs(v - chance) <= CHANCE_LOSS_TOLERANCE * chance for _, v in train):
+        return None  # it never left chance: a model that does not learn at all, which `flat` names with its LR
     return Finding(
-        "loss_at_chance", "error", f"the model predicts at chance: loss {settled:.3f} ≈ ln({classes}) since step {since}",
-        f"The train loss has sat at {settled:.4g}, the loss of predicting all {classes} classes alike (ln {classes} = "
-        f"{chance:.4g}), since step {since}, and validation balanced accuracy is {accuracy:.3f} at step {step} "
-        f"(chance: {1 / classes:.3f})." + (f" The loss first spiked to {peak:.4g} at step {peak_step}: the learning "
+        "loss_at_chance", "error", f"the model predicts at chance: loss {settled:.3f} ≈ {chance:.3f} "
+        f"({task.detail}) since step {since}",
+        f"The train loss has sat at {settled:.4g}, the loss of a model that knows nothing ({task.detail}: "
+        f"{chance:.4g}), since step {since}, and validation {name} is {value:.3g} at step {step} (chance: "
+        f"{chance_value:.3g})." + (f" The loss first spiked to {peak:.4g} at step {peak_step}: the learning "
         f"rate ({_fmt(lr)}) blew the weights up." if blew_up else ""),
-        {"settled_loss": settled, "chance_loss": chance, "classes": classes, "balanced_accuracy": accuracy,
-         "since_step": since, "peak_loss": peak, "peak_step": peak_step, "lr": lr, **_grad_norms(records, since),
-         "rule": f"|loss - ln C| < {CHANCE_LOSS_TOLERANCE:.0%} and balanced accuracy within "
-                 f"{CHANCE_ACCURACY_MARGIN} of 1/C"},
+        {"settled_loss": settled, "chance_loss": chance, "task": task.kind, "task_detail": task.detail,
+         **({"classes": round(1 / chance_value)} if name == "balanced_accuracy" else {}),
+         name: value, f"chance_{name}": chance_value, "since_step": since, "peak_loss": peak,
+         "peak_step": peak_step, "lr": lr, **_grad_norms(records, since),
+         "rule": f"|loss - chance loss| < {CHANCE_LOSS_TOLERANCE:.0%} and validation {name} at chance"},
         ((f"Lower optim.lr (try a tenth{f' of {lr:.3g}' if lr else ''}), lengthen schedule.warmup_steps and keep "
           "train.grad_clip_norm on." if blew_up else "Check that the labels carry signal: `trainwise check RECIPE`."),
          LR_SWEEP, CHECK_INPUTS), step=since)
+
+
+def _chance_metric(records: list[dict[str, Any]], task: TaskProfile) -> tuple[str, int, float, float] | None:
+    """(metric, step, value, its chance value) of the newest validation record when it is at chance: within
+    CHANCE_ACCURACY_MARGIN of chance for an accuracy, under twice chance for a ranking metric."""
+    for name, chance_value in task.chance_metrics.items():
+        points = [(s, v) for s, v in series(records, "val", name) if math.isfinite(v)]
+        if not points:
+            continue
+        step, value = points[-1]
+        at_chance = (value <= chance_value + CHANCE_ACCURACY_MARGIN if name.endswith("accuracy")
+                     else value <= CHANCE_RANKING_FACTOR * chance_value)
+        return (name, step, value, chance_value) if at_chance else None
+    return None
+
+
+def loss_stuck_at_zero(records: list[dict[str, Any]]) -> Finding | None:
+    """A train loss of exactly 0 with zero gradients at every log: the loss cannot move the weights. Typically
+    cross-entropy over a model with one output (one class: always right), or a loss that ignores its input."""
+    train = [r for r in records if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))]
+    if len(train) < ZERO_LOSS_LOGS or any(r["loss"] != 0 or r.get("grad_norm") not in (0, 0.0) for r in train):
+        return None
+    first, last = train[0]["step"], train[-1]["step"]
+    return Finding(
+        "loss_zero", "error", f"the loss is exactly 0 with zero gradients from step {first}: nothing is learnt",
+        f"Every train log from step {first} to {last} ({len(train)} logs) records a loss of 0 and a gradient norm "
+        "of 0: the weights never move. Cross-entropy over a model with a single output does this (one class "
+        "is always right), e.g. a regression model trained as a classifier.",
+        {"first_step": first, "last_step": last, "logs": len(train), "loss": 0.0, "grad_norm": 0.0,
+         "rule": f"loss == 0 and grad_norm == 0 at every one of ≥ {ZERO_LOSS_LOGS} train logs"},
+        ("Regression: give float targets (one per sample) and a model with one output, or pass "
+         "data_spec=DataSpec(..., task='regression') to the Trainer.",
+         "Classification: the model needs one output per class (num_classes), and integer class labels.",
+         CHECK_INPUTS), step=first)
 
 
 def oscillating(records: list[dict[str, Any]], train: Points) -> Finding | None:

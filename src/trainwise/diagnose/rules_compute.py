@@ -165,8 +165,22 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"shape '\[[^\]]*\]' is invalid for input of size \d+", r"size mismatch, m1: \[",
                  r"Target size \(torch\.Size\(\[[^\]]*\]\)\) must be the same as input size",
                  r"Sizes of tensors must match except in dimension \d+",
-                 r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+, but got input of size"),
-        keywords=("shape", "size", "channels"),
+                 r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+, but got input of size",
+                 r"The shape of the mask \[[^\]]*\] at index \d+ does not match the shape of the indexed tensor",
+                 r"0D or 1D target tensor expected, multi-target not supported"),
+        keywords=("shape", "size", "channels", "target"),
+        variants=(
+            variant((r"The shape of the mask \[\d+, 1\] at index \d+ does not match",
+                     r"0D or 1D target tensor expected, multi-target not supported"),
+                    "Targets shaped (N, 1) where class labels (N,) were expected",
+                    "The targets have one column per sample, as regression targets do, and met code that expects "
+                    "class labels: a regression run handled as classification (cross-entropy, accuracy), or class "
+                    "labels kept as a column.",
+                    "Regression: float targets and a model with one output (trainwise infers regression from "
+                    "them; or pass `data_spec=DataSpec(..., task='regression')` to the Trainer).",
+                    "Classification: integer labels of shape `(N,)` (`y.squeeze(1).long()`) and one model output "
+                    "per class."),
+        ),
     ),
     Rule(
         "nccl_error", "NCCL communication error",

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from trainwise.config import RunConfig, TelemetryConfig, warmup_steps
+from trainwise.diagnose.task_profile import TaskProfile
 from trainwise.diagnose.curves import analyse_curves
 from trainwise.diagnose.findings import Finding, worst_first
 from trainwise.diagnose.hardware import hardware_findings
@@ -76,7 +77,7 @@ def _diagnose(facts: RunFacts) -> list[Finding]:
         mode=eval_config.monitor_mode if eval_config else "auto",
         patience=eval_config.early_stopping.patience if eval_config else 3,
         early_stopping=bool(eval_config and eval_config.early_stopping.enabled),
-        warmup_steps=_warmup_steps(config, facts.summary))
+        warmup_steps=_warmup_steps(config, facts.summary), task=TaskProfile.from_dict(facts.summary.get("task")))
     settings = config.telemetry if config else TelemetryConfig()
     return worst_first([
         *curves.findings,
@@ -88,18 +89,19 @@ def _diagnose(facts: RunFacts) -> list[Finding]:
 
 def live_findings(records: Sequence[dict[str, Any]], system: Sequence[dict[str, Any]] = (), *,
                   config: RunConfig | None = None, device: str | None = None,
-                  precision: str | None = None) -> list[Finding]:
+                  precision: str | None = None, task: dict[str, Any] | None = None) -> list[Finding]:
     """The run rules on what the engine holds while training, worst first: for the live checks.
 
     `records`: the metrics records logged so far (train and val, as written to metrics.jsonl). Keep at least
     the first records of the run in the window: a flat or diverging loss is measured against where it
     started. `system`: recent telemetry samples. `device`, `precision`: the trainer's resolved ones (as
-    summary.json records them), for the slow-training rules. Rules that only make sense at the end (a run
-    "still improving") are left out. Pure and cheap (a few hundred records take milliseconds): call it from
+    summary.json records them), for the slow-training rules. `task`: the run's TaskProfile as a dict (what
+    chance is), for the rules that compare to chance; without it they stay silent. Rules that only make sense
+    at the end (a run "still improving") are left out. Pure and cheap (a few hundred records take milliseconds): call it from
     `on_log` or `on_eval`, and act on the codes that are new since the last call.
     """
     found = diagnose(RunFacts(metrics=list(records), system=list(system), config=config,
-                              summary={"device": device, "precision": precision}))
+                              summary={"device": device, "precision": precision, "task": task}))
     return [f for f in found if f.code != "still_improving"]
 
 

@@ -22,6 +22,11 @@ from trainwise.telemetry.alerts import STARVED_LOGS_IN_A_ROW, is_starved
 # Batches up to this size leave a GPU idle between kernel launches: each step is a few microseconds of work
 # per kernel against ~10 µs of launch overhead.
 TINY_BATCH = 16
+# A collapse: at least this many last logs below this share of the run's earlier median rate. Healthy
+# runs vary by tens of percent between logs (evaluation, checkpoints); a fall to a fifth is something else.
+COLLAPSE_LOGS = 3
+COLLAPSE_FACTOR = 0.2
+BUSY_CPU_PERCENT = 90.0  # psutil's all-core average: near 100 means no core is free
 # NVIDIA cards with tensor cores (Volta and newer, and the Turing RTX line); GTX 16xx and older have none.
 TENSOR_CORE_NAMES = re.compile(r"\b(V100|T4|A\d{1,3}|H\d{2,3}|GH\d{3}|B\d{3}|GB\d{3}|L4|L40S?|RTX|TITAN V|TITAN RTX)\b",
                                re.IGNORECASE)
@@ -36,8 +41,45 @@ def throughput_findings(records: list[dict[str, Any]], system: list[dict[str, An
     found = [data_starved(train, system, settings, config), not_on_gpu(train, system, device, config),
              fp32_on_tensor_cores(train, system, device, summary),
              tiny_batches(train, system, device, settings, config),
-             unpinned_copies(train, device, config)]
+             unpinned_copies(train, device, config), throughput_collapse(train, system)]
     return [f for f in found if f is not None]
+
+
+def throughput_collapse(train: list[dict[str, Any]], system: list[dict[str, Any]]) -> Finding | None:
+    """The step rate fell to a fraction of what the run did before and stayed there (6,000 -> 200 samples/s):
+    something took the machine (another process on the cores, swapping, a throttled or shared GPU). The
+    host CPU's load since then says whether the cores were the contended part."""
+    rates = [(r["step"], float(r["samples_per_s"]), r.get("time")) for r in train[1:]  # the first: start-up
+             if _number(r.get("samples_per_s")) and r["samples_per_s"] > 0]
+    if len(rates) < 2 * COLLAPSE_LOGS:
+        return None
+    tail = 0  # logs at the end of the run that all ran below a fraction of the rate before them
+    while tail < len(rates) - COLLAPSE_LOGS and rates[-tail - 1][1] < COLLAPSE_FACTOR * float(
+            np.median([v for _, v, _ in rates[:len(rates) - tail - 1]])):
+        tail += 1
+    if tail < COLLAPSE_LOGS:
+        return None
+    before = float(np.median([v for _, v, _ in rates[:-tail]]))
+    after = float(np.median([v for _, v, _ in rates[-tail:]]))
+    step, _, since = rates[-tail]
+    cpu = [float(x["cpu_percent"]) for x in system if _number(x.get("cpu_percent"))
+           and _number(x.get("time")) and _number(since) and x["time"] >= since]
+    busy = float(np.median(cpu)) if cpu else None
+    host = (f"; the host CPU has been {busy:.0f}% busy since (median of {len(cpu)} samples): the cores are "
+            "contended" if busy is not None and busy >= BUSY_CPU_PERCENT else
+            f"; the host CPU has been {busy:.0f}% busy since" if busy is not None else "")
+    return Finding(
+        "throughput_collapse", "warn", f"throughput collapsed at step {step}: {before:,.0f} -> {after:,.0f} "
+        "samples/s", f"Training ran at a median {before:,.0f} samples/s, then from step {step} at {after:,.0f} "
+        f"for the last {tail} logs{host}.",
+        {"samples_per_s_before": before, "samples_per_s_after": after, "since_step": step, "logs_after": tail,
+         "host_cpu_percent": busy, "rule": f"≥ {COLLAPSE_LOGS} last logs below {COLLAPSE_FACTOR:g} × the median "
+                                          "rate before them"},
+        ("See what else runs on the machine: `top` (or `htop`) sorted by CPU; other jobs, a stuck DataLoader "
+         "worker, or swapping (`free -h`).",
+         "Pin the run to free cores or give it fewer data.num_workers than cores, so the loader and the step "
+         "do not compete.", "On a shared GPU, `nvidia-smi` shows other processes and clocks (thermal or power "
+         "throttling)."), step=step)
 
 
 def data_starved(train: list[dict[str, Any]], system: list[dict[str, Any]], settings: TelemetryConfig,

@@ -68,6 +68,9 @@ def _raw_config(run: RunDir) -> dict[str, Any]:
 def _metric_row(run: RunDir) -> dict[str, Any]:
     summary = run.read_summary()
     row: dict[str, Any] = {"status": run.status(), "steps": summary.get("steps")}  # `interrupted`: killed mid-run
+    started = next((e.get("evidence") or {} for e in run.read_events() if e.get("kind") == "started"), {})
+    row["ranks"] = started.get("ranks") if isinstance(started, dict) else None  # how it ran, beside what it got
+    row["strategy"] = started.get("strategy") if isinstance(started, dict) else None
     best = summary.get("best") or {}
     if best.get("metric"):
         row[f"best {best['metric']}"] = best.get("value")
@@ -86,6 +89,13 @@ def _metric_row(run: RunDir) -> dict[str, Any]:
     if timings.get("wall_s") is not None:
         row["wall_s"] = timings["wall_s"]
     return row
+
+
+def config_value(value: Any) -> str:
+    """A config value as YAML spells it (true, null, [64, 32]), not as Python prints it (True, None)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
 def _labels(runs: list[RunDir]) -> list[str]:

@@ -22,7 +22,10 @@ from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.calibration import calibration_verdict
 from trainwise.evaluate.report_lm import language_model_section
 from trainwise.evaluate.report_recsys import recsys_section
+from trainwise.evaluate.readable import finding_text, readable_evidence
+from trainwise.evaluate.readable import fmt as _fmt
 from trainwise.evaluate.run_eval import read_evals
+from trainwise.recipes import FROM_PYTHON
 from trainwise.rundir.layout import RunDir
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
@@ -77,7 +80,8 @@ def gather(run: RunDir) -> dict[str, Any]:
     events = run.read_events()
     warnings = [{"source": f"evaluation ({split} split)", **w}
                 for split, e in evaluations.items() for w in e.get("warnings", [])]
-    warnings += [{"source": "training", **e} for e in events if e.get("severity") in ("warning", "error")]
+    warnings += [{"source": "training", **e} for i, e in enumerate(events)
+                 if e.get("severity") in ("warning", "error") and not _resumed_since(e, events[i + 1:])]
     summary = run.read_summary()
     system = run.read_system()
     # the Diagnosis section: the diagnose stage's findings over the same records (it owns the rules)
@@ -102,8 +106,31 @@ def gather(run: RunDir) -> dict[str, Any]:
         "evaluations": evaluations, "split_table": split_table(evaluations), "calibration_verdict": calibration,
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
+        # trained from Python on the user's own model: the CLI cannot evaluate it (recipes.refuse_python_run)
+        "python_run": python_run_note(config),
         "language_model": language_model_section(run, records, evaluation, config),  # evaluate/report_lm.py
     }
+
+
+def python_run_note(config: Any) -> str | None:
+    """What the CLI can and cannot do for a run trained from Python on the user's own model and data."""
+    if config is None or not str(config.model.name or "").startswith(FROM_PYTHON):
+        return None
+    return (f"Trained from Python on your own model ({config.model.name.removeprefix(FROM_PYTHON)}) and data "
+            f"({str(config.data.name).removeprefix(FROM_PYTHON)}, {fmt_count(config.data.args)}): the CLI cannot "
+            "build them again, so `trainwise eval` and `resume` do not apply; diagnose, report and compare read "
+            "the run as it is. Evaluate it from Python: load model.safetensors into your model and call "
+            "trainwise.train.predict.")
+
+
+def fmt_count(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}" for k, v in args.items()) or "size unknown"
+
+
+def _resumed_since(event: dict[str, Any], later: list[dict[str, Any]]) -> bool:
+    """A stop by a signal that a later session resumed from: history (the events table keeps it), not a
+    warning; its "Continue with: trainwise resume" advice was taken."""
+    return event.get("kind") in ("stopped", "signal") and any(e.get("kind") == "resumed" for e in later)
 
 
 def _say(message: str) -> None:
@@ -281,6 +308,8 @@ def render_html(facts: dict[str, Any]) -> str:
 
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     environment.filters["fmt"] = _fmt
+    environment.filters["readable"] = readable_evidence
+    environment.filters["finding_text"] = finding_text
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(**facts, charts=encoded_figures(facts))
 
@@ -321,7 +350,9 @@ def render_markdown(facts: dict[str, Any]) -> str:
 def _markdown_evaluation(facts: dict[str, Any]) -> list[str]:
     evaluation, evaluations = facts["evaluation"], facts["evaluations"]
     lines: list[str] = []
-    if not evaluation:
+    if not evaluation and facts["python_run"]:
+        lines.append(facts["python_run"])
+    elif not evaluation:
         lines.append(f"No test evaluation yet: run `trainwise eval {facts['path']}` (it measures the held-out "
                      "test split)." + (" Other splits below." if evaluations else ""))
     if not evaluations:
@@ -368,17 +399,3 @@ def _flatten(sample: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
-    return str(value)

@@ -21,6 +21,7 @@ from trainwise.rundir.trust import require_trust
 from trainwise.runtime.seed import seed_everything
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
+from trainwise.train.run_task import ValidateAsBuilt
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
 from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
@@ -45,13 +46,24 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         findings = sanity_check(config, bundle)
         raise_for_errors(findings)
     model = build_model(config, bundle.spec)
-    callbacks = [*callbacks, SanityFindings(findings)]
+    sanity = SanityFindings(findings)
+    said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
         from trainwise.train.language_model import KeepTokenizer
 
-        callbacks.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
-    return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
-                   data_spec=bundle.spec, augment=bundle.augment)
+        said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
+    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, *said],
+                      data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
+    if trainer.device.type == "cpu" and findings:  # a long CPU run is said before its first step, with the levers
+        import torch
+
+        from trainwise.check.sanity import slow_cpu_run
+
+        slow = slow_cpu_run(findings, batch_size=config.train.batch_size, max_steps=trainer.max_steps,
+                            threads=torch.get_num_threads(), full_softmax=trainer.profile is not None
+                            and trainer.profile.kind == "next_item" and trainer.profile.loss != "sampled_softmax")
+        sanity.findings += [slow] if slow is not None else []
+    return trainer
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,

@@ -42,5 +42,40 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RunCon
     """The recipe with overrides applied, validated, including the built-in model's and data's arguments."""
     path = resolve_recipe(name_or_path)
     config = load_config(path, overrides)
+    drop_other_models_args(config, load_config(path).model.name, overrides or [])
     check_builders(config, source=str(path), overrides=overrides or [])
     return config
+
+
+def drop_other_models_args(config: RunConfig, recipe_model: str | None, overrides: list[str]) -> None:
+    """`trainwise train shop-sasrec model.name=popularity`: the recipe's `model.args` were written for its own
+    model (hidden, heads, ...). When an override switches to another built-in model, the recipe's arguments
+    that model does not take are dropped (those it shares, like `hidden` for gru4rec, are kept); arguments
+    set on the command line are kept, and checked against the new model."""
+    from trainwise.recipes.schemas import MODEL_ARGS
+
+    schema = MODEL_ARGS.get(config.model.name or "")
+    if schema is None or config.model.factory or config.model.name == recipe_model or "model.args" in {
+            item.split("=", 1)[0] for item in overrides}:  # the whole mapping given: the user's to check
+        return
+    given = {item.split("=", 1)[0].removeprefix("model.args.") for item in overrides
+             if item.startswith("model.args.")}
+    config.model.args = {key: value for key, value in config.model.args.items()
+                         if key in schema.model_fields or key in given}
+
+
+# A run trained from Python on the user's own module and dataset records them as `python:<class path>`
+# (train/python_run.py): the CLI can read such a run, but cannot build its model or data again.
+FROM_PYTHON = "python:"
+
+
+def refuse_python_run(config: RunConfig) -> None:
+    """ConfigError for a config recorded by a run made from Python: nothing here can rebuild its parts."""
+    if str(config.model.name or "").startswith(FROM_PYTHON) or str(config.data.name or "").startswith(FROM_PYTHON):
+        raise ConfigError(
+            f"this run was trained from Python on your own model ({config.model.name.removeprefix(FROM_PYTHON)}) "
+            f"and data ({str(config.data.name).removeprefix(FROM_PYTHON)}): the CLI cannot build them again, so "
+            "`trainwise eval`, `resume` and `check` cannot run on it. `trainwise diagnose`, `report` and "
+            "`compare` read it as it is. Evaluate it from Python: load RUN/model.safetensors into your model "
+            "(safetensors.torch.load_file) and call trainwise.train.predict(model, dataset, device=...); resume "
+            "with Trainer(model, data, config=..., run_dir=RunDir.open(RUN)).fit(resume=True).")

@@ -23,6 +23,7 @@ from trainwise.data.bundle import DataBundle, DataSpec
 from trainwise.errors import ConfigError, FactoryError, TrainingError, TrainwiseError
 from trainwise.recipes.datasets import BUILTIN_DATA
 from trainwise.recipes.models import BUILTIN_MODELS
+from trainwise.recipes import refuse_python_run
 from trainwise.recipes.schemas import DATA_ARGS, MODEL_ARGS, checked_args, describe_args_error
 
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -64,6 +65,7 @@ def _is_standard_library(module_name: str) -> bool:
 
 
 def build_data(config: RunConfig) -> DataBundle:
+    refuse_python_run(config)
     data = config.data
     common = dict(seed=config.seed)
     if data.factory:
@@ -101,6 +103,7 @@ def build_data(config: RunConfig) -> DataBundle:
 
 
 def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
+    refuse_python_run(config)
     model_config = config.model
     if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/language_model.py)
         from trainwise.text.language_model import build_language_model

@@ -34,6 +34,7 @@ class SequenceSpec(DataSpec):
     objective: Objective = "next_item"
     num_behaviours: int = 0  # behaviour types (view, cart, buy) in the inputs; 0: items only
     item_counts: tuple[int, ...] = field(default=(), repr=False)  # training interactions per item
+    negatives: int = 0  # click objective: sampled non-clicks per click (its chance loss depends on them)
 
 
 def shop(*, seed: int, val_fraction: float, test_fraction: float, augment: bool = False, path: str | None = None,
@@ -94,7 +95,8 @@ def sequence_bundle(histories: Histories, *, objective: Objective, max_len: int,
                         input_dtype=torch.long, num_train=len(train),
                         num_items=histories.num_items, max_len=max_len, objective=objective,
                         num_behaviours=histories.num_behaviours,
-                        item_counts=tuple(histories.train_item_counts().tolist()))
+                        item_counts=tuple(histories.train_item_counts().tolist()),
+                        negatives=negatives if objective == "ctr" else 0)
     return DataBundle(train, val, test, spec=spec, notes={**(notes or {}), "objective": objective,
                                                           "users": histories.num_users,
                                                           "items": histories.num_items})

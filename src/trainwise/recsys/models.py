@@ -199,13 +199,16 @@ class GRU4Rec(NextItemModel):
 
 
 class Popularity(nn.Module):
-    """The baseline every recommender must beat: one learned score per item, whatever the history. Trained
-    with the same next-item loss, it learns the log-frequency of each item."""
+    """The baseline every recommender must beat: one score per item, whatever the history. Trained with the
+    next-item softmax it would learn the log-frequency of each item, so it is counted instead: built from
+    the training counts, it scores log(1 + count) and trains no step (`counted`: the Trainer runs none)."""
 
-    def __init__(self, num_items: int):
+    def __init__(self, num_items: int, item_counts: Sequence[int] = ()):
         super().__init__()
         self.num_items = num_items
-        self.item_bias = nn.Parameter(torch.zeros(num_items))
+        counts = torch.as_tensor(list(item_counts), dtype=torch.float32) if len(item_counts) == num_items else None
+        self.counted = counts is not None
+        self.item_bias = nn.Parameter(torch.log1p(counts) if counts is not None else torch.zeros(num_items))
 
     def forward(self, history: torch.Tensor) -> torch.Tensor:
         if self.training:
@@ -352,7 +355,7 @@ def gru4rec(data_spec: DataSpec, hidden: int = 64, layers: int = 1, dropout: flo
 
 def popularity(data_spec: DataSpec, gradient_checkpointing: bool = False) -> Popularity:
     num_items, _ = _spec_items(data_spec, "next_item", "popularity")
-    return Popularity(num_items)
+    return Popularity(num_items, getattr(data_spec, "item_counts", ()))
 
 
 def din(data_spec: DataSpec, hidden: int = 32, attention_hidden: int = 36, mlp: tuple[int, ...] = (80, 40),

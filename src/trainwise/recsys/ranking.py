@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainwise.runtime.inference import tie_split_rank  # the one ranking rule, shared with validation
+
 CUTOFFS = (1, 5, 10, 20)
 SCORES_PER_CHUNK = 2**24  # users x items scored at once: 64 MB of float32
 ROWS_KEPT = 1000  # queries written to the predictions CSV
@@ -38,13 +40,6 @@ def rank_metrics(ranks: np.ndarray, candidates: np.ndarray, cutoffs: Sequence[in
         metrics[f"{prefix}hr@{k}"] = float(hit.mean())
         metrics[f"{prefix}ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(ranks + 1), 0.0).mean())
     return metrics
-
-
-def tie_split_rank(scores: torch.Tensor, target_score: torch.Tensor) -> torch.Tensor:
-    """1 + (items scored higher) + half of (other items scored the same), per row."""
-    higher = (scores > target_score[:, None]).sum(1)
-    equal = (scores == target_score[:, None]).sum(1) - 1
-    return 1 + higher + torch.div(equal, 2, rounding_mode="floor")
 
 
 def popularity_percentile(item_counts: np.ndarray) -> np.ndarray:

@@ -47,7 +47,8 @@ class LiveDiagnosis(Callback):
         from trainwise.diagnose.run_rules import live_findings
 
         findings = live_findings(self.records, config=trainer.config, device=str(trainer.device),
-                                 precision=trainer.precision)
+                                 precision=trainer.precision,
+                                 task=trainer.profile.to_dict() if trainer.profile is not None else None)
         for finding in findings:
             if finding.severity == "info" or finding.code in self.reported:
                 continue
@@ -61,8 +62,9 @@ class LiveDiagnosis(Callback):
 class SanityFindings(Callback):
     """Writes the warnings of the pre-training sanity checks (errors already stopped the run) as events."""
 
-    def __init__(self, findings):
+    def __init__(self, findings, console: Console | None = None):
         self.findings = [f for f in findings if f.severity != "info"]
+        self.console = console or TrainingConsole()
 
     def on_fit_start(self, trainer) -> None:
         if trainer.step:  # a resumed run logged them when it started
@@ -70,6 +72,8 @@ class SanityFindings(Callback):
         for finding in self.findings:
             trainer.run_dir.log_event("sanity", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=0, evidence=finding.to_dict())
+            if trainer.ranks.is_main:  # said at the terminal too, in one line, before the first step
+                self.console.print(f"[yellow]warning[/]: {finding.title}", highlight=False)
 
 
 _EVENT_SEVERITY = {"info": "info", "warn": "warning", "error": "error"}

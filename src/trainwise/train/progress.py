@@ -49,6 +49,12 @@ def _starting(trainer) -> str:
     return f"training {trainer.max_steps} steps"
 
 
+# event kinds the terminal shows when they happen (live diagnoses, the sanity checks before step 1, warnings
+# the engine issues, the outcome the CLI prints): not repeated at the end
+SHOWN_AS_THEY_HAPPEN = ("diagnosis", "sanity", "checkpoint_fallback", "config_changed", "signal", "stopped",
+                        "failed", "nonfinite")
+
+
 class ProgressDisplay(Callback):
     def __init__(self, console: Console | None = None):
         self.console = console or TrainingConsole()
@@ -56,10 +62,12 @@ class ProgressDisplay(Callback):
         self.task = None
         self.started = 0.0
         self.first_step = 0  # the step this process started from (after a resume, not 0)
+        self.events_before = 0  # events.jsonl lines written before this session
 
     def on_fit_start(self, trainer) -> None:
         self.started = time.perf_counter()
         self.first_step = trainer.step
+        self.events_before = len(trainer.run_dir.read_events())
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"), BarColumn(),
@@ -95,6 +103,12 @@ class ProgressDisplay(Callback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+        # what the report lists among the warnings, the terminal says too: one line each
+        for event in trainer.run_dir.read_events()[self.events_before:]:
+            if event.get("severity") in ("warning", "error") and event.get("kind") not in SHOWN_AS_THEY_HAPPEN:
+                message = str(event.get("message", "")).splitlines()[0] if event.get("message") else event.get("kind")
+                self.console.print(f"[yellow]{event['severity']}[/] step {event.get('step')}: {message}",
+                                   highlight=False)
 
 
 class TensorBoardLog(Callback):

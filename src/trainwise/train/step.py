@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainwise.errors import ModelCallError, TrainwiseError
+from trainwise.errors import ConfigError, ModelCallError, TrainwiseError
 from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, token_loss_sum
 from trainwise.runtime.language_model import call_model, is_token_batch
 from trainwise.runtime.precision import Precision, autocast
@@ -47,7 +47,7 @@ class StepOutcome:
 def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
     """Cross-entropy for classification (in fp32 even under autocast), MSE for regression."""
     if task == "regression":
-        return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
+        return _mean_squared_error
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
 
@@ -61,6 +61,19 @@ def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: tor
             and torch.distributed.get_world_size() > 1:
         torch.distributed.all_reduce(count)
     return count
+
+
+def _mean_squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """MSE of one output per sample against one target per sample ([N], [N, 1] alike: never broadcast to
+    [N, N]). A model with several outputs per sample is refused: regression needs one (shapes are known on
+    the host, so the check costs no device sync)."""
+    predicted, wanted = outputs.reshape(len(outputs), -1), targets.reshape(len(targets), -1)
+    if predicted.shape != wanted.shape:
+        raise ConfigError(f"regression (float targets) needs one output per target: the model gives "
+                          f"{predicted.shape[1]} per sample, the data {wanted.shape[1]}. For classes, give integer "
+                          "targets (or pass data_spec=DataSpec(..., task='classification') to the Trainer); for "
+                          "regression, end the model with one output.")
+    return nn.functional.mse_loss(predicted.float(), wanted.float())
 
 
 def model_loss(model: nn.Module, loss_fn: LossFn) -> LossFn:

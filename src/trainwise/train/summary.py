@@ -29,6 +29,7 @@ class RunSummary:
         self.started: float | None = None  # when this session's fit began
         self.wall_before = 0.0  # what the earlier sessions of a resumed run spent
         self._last: dict[str, dict[str, Any]] = {}  # split -> its newest metrics record
+        self._rates: list[float] = []  # samples/s of every train log so far (a resumed run's earlier ones too)
         self._read_up_to = 0  # bytes of metrics.jsonl already read
 
     def write(self, trainer: "Trainer", status: str, started: float, *, message: str | None = None,
@@ -36,9 +37,9 @@ class RunSummary:
         if self.started is None:  # the first write of this session: a resumed run adds its past time
             self.started = started
             self.wall_before = wall_before(trainer.run_dir) if trainer._last_checkpoint_step is not None else 0.0
-        summary = build_summary(trainer, status, wall_s=self.wall_before + time.time() - started,
-                                last=self._newest_records(trainer.run_dir), message=message,
-                                restored_best=restored_best)
+        last = self._newest_records(trainer.run_dir)
+        summary = build_summary(trainer, status, wall_s=self.wall_before + time.time() - started, last=last,
+                                message=message, restored_best=restored_best, typical_rate=typical_rate(self._rates))
         trainer.run_dir.write_summary(summary)
         return summary
 
@@ -47,7 +48,7 @@ class RunSummary:
             with open(run_dir.metrics_path, "rb") as f:
                 size = f.seek(0, 2)
                 if size < self._read_up_to:  # rewritten shorter (a resume drops records): read it again
-                    self._last, self._read_up_to = {}, 0
+                    self._last, self._rates, self._read_up_to = {}, [], 0
                 f.seek(self._read_up_to)
                 data = f.read()
         except FileNotFoundError:
@@ -60,13 +61,18 @@ class RunSummary:
                 continue
             if isinstance(record, dict) and run_records.metric_problem(record) is None:
                 self._last[record["split"]] = record
+                rate = record.get("samples_per_s") if record["split"] == "train" else None
+                if isinstance(rate, (int, float)) and rate > 0:
+                    self._rates.append(float(rate))
         self._read_up_to += whole
         return self._last
 
 
 def build_summary(trainer: "Trainer", status: str, *, wall_s: float, last: dict[str, dict[str, Any]],
-                  message: str | None = None, restored_best: bool = False) -> dict[str, Any]:
-    """The summary of `trainer`'s run as it stands now; `last`: the newest metrics record of each split."""
+                  message: str | None = None, restored_best: bool = False,
+                  typical_rate: float | None = None) -> dict[str, Any]:
+    """The summary of `trainer`'s run as it stands now; `last`: the newest metrics record of each split;
+    `typical_rate`: the median samples/s of its train logs (the last interval's rate when not given)."""
     val, train = last.get("val") or {}, last.get("train") or {}
     stopping = trainer.early_stopping
     return {
@@ -77,10 +83,25 @@ def build_summary(trainer: "Trainer", status: str, *, wall_s: float, last: dict[
         "final": val,  # the last validation record
         "last_train": {k: train[k] for k in _TRAIN_FIELDS if k in train},
         "restored_best": restored_best,
-        "timings": {"wall_s": wall_s, "samples_per_s": train.get("samples_per_s")},
+        "timings": {"wall_s": wall_s, "samples_per_s": typical_rate if typical_rate is not None
+                    else train.get("samples_per_s"), "last_samples_per_s": train.get("samples_per_s")},
         "device": str(trainer.device), "precision": trainer.precision, "tf32": trainer.tf32,
         "skipped_steps": trainer.skipped_steps, "message": message, "updated": time.time(),
+        # what chance is for this run and which metrics it validates with: the diagnosis rules read it
+        "task": trainer.profile.to_dict() if trainer.profile is not None else None,
     }
+
+
+def typical_rate(rates: list[float]) -> float | None:
+    """The run's typical samples/s: the median over its logs, so one slow interval at the end (an
+    evaluation, a checkpoint, a busy machine) does not stand for the run. The first log, which includes
+    start-up, counts only while it is the only one."""
+    rates = rates[1:] if len(rates) > 1 else rates
+    if not rates:
+        return None
+    ordered = sorted(rates)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def wall_before(run_dir: "RunDir") -> float:

@@ -42,6 +42,7 @@ from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_in
 from trainwise.runtime.precision import autocast, enable_tf32, resolve_precision
 from trainwise.train.recovery import OomGuard, recover_from_oom
+from trainwise.train.run_task import planned_steps, run_task
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
@@ -56,9 +57,9 @@ class Trainer:
     def __init__(self, model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, *,
                  config: RunConfig, run_dir: RunDir | None = None, callbacks: Sequence[Callback] = (),
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
-        self.config = config
-        self.task = data_spec.task if data_spec else "classification"
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, built_from_config: bool = False):
+        self.config = config = (what := run_task(model, train_data, val_data, config, data_spec, built_from_config)).config
+        self.task, self.profile, self.eval_kind = what.data_spec.task, what.profile, what.eval_kind  # run_task.py
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
         # the order matters: the ranks decide the device, the device the precision and the model's wrapping,
         # the wrapped model the step, the step's micro-batch the sampler and the loader
@@ -69,7 +70,7 @@ class Trainer:
         config.train.refuse_unresolved_auto()
         self.state = TrainState(micro_batch_size=config.train.micro_batch)
         self.steps_per_epoch = config.train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
-        self.max_steps = config.train.total_steps(len(train_data))  # type: ignore[arg-type]
+        self.max_steps = planned_steps(model, config, len(train_data))  # type: ignore[arg-type]
         self.cadence = Cadence.from_config(config, max_steps=self.max_steps, has_validation=val_data is not None)
         self._last_checkpoint_step: int | None = None  # every rank knows it: no rank asks the disk
         self._settled_step: int | None = None
@@ -193,7 +194,7 @@ class Trainer:
         self._stop_reason = self._stop_reason or reason
 
     def evaluate(self, dataset: Dataset | None = None) -> dict[str, float]:
-        return split_metrics(self.model, dataset or self.val_data, task=self.task, loss_fn=self.loss_fn,
+        return split_metrics(self.model, dataset or self.val_data, task=self.eval_kind, loss_fn=self.loss_fn,
                              device=self.device, batch_size=self.eval_batch_size, precision=self.precision)
 
     # ---- the loop ----------------------------------------------------------------------------------
