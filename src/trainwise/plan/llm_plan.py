@@ -64,16 +64,21 @@ class LmEstimate:
 def traced_depths(job: LmJob) -> tuple[int, int] | None:
     """The two depths traced (None: the model is shallow enough to trace whole)."""
     depth = job.depth()
-    low = (job.trainable_blocks + 1) if job.method == "freeze" else 2
+    # freeze: the trainable blocks and one or two frozen ones (with none frozen, checkpointing differs)
+    low = job.trainable_blocks + 1 if job.method == "freeze" else 1
     return None if depth <= low + 1 else (low, low + 1)
 
 
-def trace_lm(job: LmJob, micro: int, seq_len: int | None = None, device_kind: DeviceKind = "cuda") -> StepTrace:
+def trace_lm(job: LmJob, micro: int, seq_len: int | None = None, device_kind: DeviceKind = "cuda",
+             count_flops: bool = True) -> StepTrace:
     """One full-depth trace of `job` at `micro` sequences of `seq_len` tokens (extended from two depths)."""
     depths = traced_depths(job)
+
+    def step(depth):
+        return replace(lm_step(job, depth, micro, seq_len, device_kind), count_flops=count_flops)
     if depths is None:
-        return trace_step(lm_step(job, None, micro, seq_len, device_kind))
-    low, high = (trace_step(lm_step(job, d, micro, seq_len, device_kind)) for d in depths)
+        return trace_step(step(None))
+    low, high = (trace_step(step(d)) for d in depths)
     return extend(low, high, depths, job.depth())
 
 
@@ -121,7 +126,7 @@ def estimate_lm(job: LmJob, device_kind: DeviceKind = "cuda") -> LmEstimate:
     facts = model_facts(job)
     sizes = traced_sizes(job.micro, job.batch_size)
     traces = tuple(trace_lm(job, size, device_kind=device_kind) for size in sizes)
-    longer = trace_lm(job, job.micro, 2 * job.seq_len, device_kind=device_kind)
+    longer = trace_lm(job, job.micro, 2 * job.seq_len, device_kind=device_kind, count_flops=False)
     curve = PeakCurve(points=tuple((t.micro_batch_size, float(t.micro_batch_peak_bytes)) for t in traces),
                       optimizer_peak_bytes=float(max(t.optimizer_peak_bytes for t in traces)))
     return LmEstimate(job, facts, traces, longer, curve)

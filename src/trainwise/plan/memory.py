@@ -76,6 +76,7 @@ class TrainingStep:
     token_batches: bool = False
     build_on_meta: bool = False
     prepare: Callable[[TrainStep], None] | None = None
+    count_flops: bool = True  # False: skip the FLOP-counting pass (a trace read for its memory only)
 
     def at_micro_batch(self, micro_batch_size: int) -> "TrainingStep":
         return replace(self, micro_batch_size=micro_batch_size)
@@ -325,8 +326,9 @@ def trace_step(step: TrainingStep) -> StepTrace:
             state_bytes = sum(value.untyped_storage().nbytes() for state in train_step.optimizer.state.values()
                               for value in state.values() if isinstance(value, torch.Tensor))
         # FLOPs in a pass of their own: FlopCounterMode's module hooks keep checkpointed tensors alive
-        with flops:
-            train_step([make_batch(step)])
+        if step.count_flops:
+            with flops:
+                train_step([make_batch(step)])
     micro_batches = traced_micro_batches(step)
     ops = {part: tracker.ops[part] - ops_before[part] for part in ops_before}
     written = {part: tracker.bytes_written[part] - written_before[part] for part in written_before}
