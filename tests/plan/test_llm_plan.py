@@ -64,9 +64,9 @@ def test_methods_are_traced_with_their_own_state():
     full, lora, qlora = (trace_lm(job(method=m, dtype="bf16", precision="bf16"), 2) for m in ("full", "lora", "qlora"))
     eight_bit = trace_lm(job(method="full", dtype="bf16", precision="bf16", optimizer="adamw8bit"), 2)
     weights = full.parameter_bytes
-    assert full.optimizer_state_bytes == 2 * weights  # AdamW: two moments in the weights' dtype (bf16)
+    assert full.optimizer_state_bytes == pytest.approx(2 * weights, rel=1e-3)  # two bf16 moments (+ step counts)
     assert eight_bit.optimizer_state_bytes < 0.75 * full.optimizer_state_bytes
-    assert lora.optimizer_state_bytes < 0.2 * full.optimizer_state_bytes
+    assert lora.optimizer_state_bytes == pytest.approx(8 * lora.parameter_count, rel=1e-2)  # fp32 adapters only
     assert qlora.breakdown["parameters"] < lora.breakdown["parameters"]  # the 4-bit base
 
 
@@ -94,10 +94,12 @@ def test_tied_weights_are_counted_once():
 
 
 def test_costs_per_token_and_per_sequence_are_forward_backward_slopes():
-    est = estimate_lm(job(method="full", batch_size=4, micro_batch_size=2))
-    own = est.trace_at(2)
-    assert own.optimizer_peak_bytes > own.micro_batch_peak_bytes  # the peak hides the batch here ...
-    assert est.per_sequence_bytes > 0 and est.per_token_bytes > 0  # ... the costs do not
+    est = estimate_lm(job(method="full", seq_len=8, batch_size=4, micro_batch_size=2))
+    small, large = est.trace_at(1), est.trace_at(4)
+    slope = (large.micro_batch_peak_bytes - small.micro_batch_peak_bytes) / 3
+    assert est.per_sequence_bytes == pytest.approx(slope) and slope > 0  # never the overall peak's difference
+    longer = est.longer.micro_batch_peak_bytes - est.trace_at(2).micro_batch_peak_bytes
+    assert est.per_token_bytes == pytest.approx(longer / 8) and longer > 0
 
 
 def test_a_lever_in_use_is_never_offered():

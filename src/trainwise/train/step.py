@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
+from trainwise.llm.loss import token_loss_sum  # noqa: F401 (the token loss has one owner: llm/loss.py)
 from trainwise.train.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,12 +47,6 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
         return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
-
-
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of the token cross-entropies (in fp32) over the labels that are not -100."""
-    return nn.functional.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                       reduction="sum")
 
 
 def is_token_batch(batch: object) -> bool:
