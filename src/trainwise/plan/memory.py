@@ -95,7 +95,7 @@ class StepTrace:
     breakdown: dict[str, int]  # category -> bytes live at the peak
     micro_batch_peak_bytes: int  # highest point during forward/backward: grows with the micro-batch
     optimizer_peak_bytes: int  # highest point during clip + optimizer step: independent of it
-    parameter_count: int
+    parameter_count: int  # trainable (what the optimizer updates)
     parameter_bytes: int
     largest_module_parameter_bytes: int  # FSDP gathers one module's full parameters at a time
     optimizer_state_bytes: int
@@ -108,6 +108,7 @@ class StepTrace:
     device_kind: DeviceKind
     precision: str
     peak_where: str = ""  # "forward of model.layers.3.mlp", "backward", "optimizer step"
+    total_parameter_count: int = 0  # every parameter once, frozen ones included
     # each part's peak and its split: forward/backward ("micro_batches") and the optimizer step ("optimizer")
     part_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
     part_where: dict[str, str] = field(default_factory=dict)
@@ -353,6 +354,7 @@ def trace_step(step: TrainingStep) -> StepTrace:
         device_kind=step.device_kind,
         precision=step.precision,
         peak_where=tracker.peak_where[worst],
+        total_parameter_count=sum(p.numel() for p in model.parameters()),
         part_breakdowns={part: tracker.live_at(tracker.peak_time[part]) for part in tracker.peak},
         part_where=dict(tracker.peak_where),
     )
