@@ -9,9 +9,9 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec, check_labels
-from trainwise.diagnose.sanity import sanity_check
+from trainwise.check.sanity import sanity_check
 from trainwise.errors import DataError, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.health import StepHealth, health_problem
 from trainwise.train.nonfinite_validation import NonFiniteValidation
@@ -74,7 +74,7 @@ def test_nan_never_counts_for_early_stopping():
 
 def _unless_default():
     """NonFiniteValidation, when the Trainer does not already add it to every run."""
-    from trainwise.train.trainer import _default_callbacks
+    from trainwise.train.callbacks import default_callbacks as _default_callbacks
 
     wired = any(isinstance(c, NonFiniteValidation) for c in _default_callbacks(tiny_config()))
     return [] if wired else [NonFiniteValidation()]

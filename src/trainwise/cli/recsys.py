@@ -1,4 +1,4 @@
-"""CLI commands of this room (recommend); cli.py calls register(app)."""
+"""`trainwise recommend`; cli/app.py calls register(app)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ def recommend_command(
 ) -> None:
     """The top-K items for a user (or a file of users), with the history used and, for DIN, the behaviours
     that weighed most."""
-    from trainwise.recsys.recommend import Recommender, read_user_file
+    from trainwise.evaluate.recommend import Recommender, read_user_file
 
     if (user is None) == (users is None):
         raise ConfigError("recommend: give one user with --user ID, or a file of user ids with --users FILE.")

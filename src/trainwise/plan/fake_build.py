@@ -1,6 +1,6 @@
-"""The model of a traced step, made of fake tensors: built on the meta device (or inside the fake mode, as
-before, for builders that work there), then every parameter and buffer replaced by a fake tensor of the trace's
-mode, shared tensors (tied weights) staying shared."""
+"""The model and batches of a traced step, made of fake tensors: the model built on the meta device (or inside
+the fake mode, for builders that work there), then every parameter and buffer replaced by a fake tensor of the
+trace's mode, shared tensors (tied weights) staying shared; batches as the loader hands them."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -65,3 +65,31 @@ def dense_gradients(model: nn.Module) -> nn.Module:
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
             module.sparse = False
     return model
+
+
+def make_batch(step: "TrainingStep", device: torch.device | str = "cpu"):
+    shape = (step.micro_batch_size, *step.input_shape)
+    if step.token_batches:  # the batch contract of text data: labels aligned with the outputs
+        ids = torch.randint(0, step.vocabulary_size or 2, shape, device=device)
+        positions = torch.arange(shape[-1], device=device).expand(shape).contiguous()
+        return {"input_ids": ids, "labels": torch.randint(0, step.vocabulary_size or 2, shape, device=device),
+                "position_ids": positions}
+    if step.input_dtype.is_floating_point:
+        inputs = torch.randn(shape, dtype=step.input_dtype, device=device)
+    else:
+        inputs = torch.randint(0, step.vocabulary_size or 2, shape, dtype=step.input_dtype, device=device)
+    target_shape = (step.micro_batch_size, *step.target_shape)
+    if step.task == "classification":
+        targets = torch.randint(0, step.num_classes or 2, target_shape, device=device)
+    else:
+        targets = torch.randn(target_shape, device=device)
+    return inputs, targets
+
+
+def largest_module_parameter_bytes(model: nn.Module) -> int:
+    """The largest set of parameters one leaf-ish module owns directly (FSDP's unit of gathering)."""
+    largest = 0
+    for module in model.modules():
+        own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+        largest = max(largest, own)
+    return largest

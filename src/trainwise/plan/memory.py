@@ -34,11 +34,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from trainwise.config import OptimConfig
-from trainwise.plan.fake_build import build_faked, build_on_meta, dense_gradients, into_mode
+from trainwise.plan.fake_build import (build_faked, build_on_meta, dense_gradients, into_mode,
+                                       largest_module_parameter_bytes, make_batch)
 from trainwise.plan.flops import FlopTally
 from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import make_scaler
+from trainwise.runtime.precision import make_scaler
 from trainwise.train.step import TrainStep, default_loss
 
 DeviceKind = Literal["cpu", "cuda"]
@@ -131,25 +132,6 @@ def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
     if step.prepare is not None:
         step.prepare(train_step)
     return train_step
-
-
-def make_batch(step: TrainingStep, device: torch.device | str = "cpu"):
-    shape = (step.micro_batch_size, *step.input_shape)
-    if step.token_batches:  # the batch contract of text data: labels aligned with the outputs
-        ids = torch.randint(0, step.vocabulary_size or 2, shape, device=device)
-        positions = torch.arange(shape[-1], device=device).expand(shape).contiguous()
-        return {"input_ids": ids, "labels": torch.randint(0, step.vocabulary_size or 2, shape, device=device),
-                "position_ids": positions}
-    if step.input_dtype.is_floating_point:
-        inputs = torch.randn(shape, dtype=step.input_dtype, device=device)
-    else:
-        inputs = torch.randint(0, step.vocabulary_size or 2, shape, dtype=step.input_dtype, device=device)
-    target_shape = (step.micro_batch_size, *step.target_shape)
-    if step.task == "classification":
-        targets = torch.randint(0, step.num_classes or 2, target_shape, device=device)
-    else:
-        targets = torch.randn(target_shape, device=device)
-    return inputs, targets
 
 
 def traced_micro_batches(step: TrainingStep) -> int:
@@ -343,7 +325,7 @@ def trace_step(step: TrainingStep) -> StepTrace:
         optimizer_peak_bytes=tracker.peak["optimizer"],
         parameter_count=sum(p.numel() for p in train_step.parameters),
         parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
-        largest_module_parameter_bytes=_largest_module_parameter_bytes(model),
+        largest_module_parameter_bytes=largest_module_parameter_bytes(model),
         optimizer_state_bytes=state_bytes,
         micro_batch_flops=flops.total,
         flops_by_op=dict(flops.by_op),
@@ -409,12 +391,3 @@ def _label_state(tracker: AllocationTracker, optimizer: torch.optim.Optimizer) -
         for value in state.values():
             if isinstance(value, torch.Tensor):
                 tracker.track(value, "optimizer_state")
-
-
-def _largest_module_parameter_bytes(model: nn.Module) -> int:
-    """The largest set of parameters one leaf-ish module owns directly (FSDP's unit of gathering)."""
-    largest = 0
-    for module in model.modules():
-        own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
-        largest = max(largest, own)
-    return largest

@@ -1,35 +1,29 @@
-"""Runs from a config: build the data and the model it names, train into a run directory, resume one."""
+"""Starting and resuming a run: build the data and the model a config names, run the sanity checks
+(trainwise.check), hand them to the engine (trainwise.train) and train into a run directory; resume one from
+its checkpoint with the config it was started with."""
 from __future__ import annotations
 
-import random
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import yaml
 
 from trainwise.config import RunConfig
-from trainwise.config_diff import check_resume_config, config_hash
+from trainwise.config.diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
-from trainwise.run import RunDir
-from trainwise.run_integrity import CheckpointChoice
-from trainwise.run_trust import require_trust
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.integrity import CheckpointChoice
+from trainwise.rundir.trust import require_trust
+from trainwise.runtime.seed import seed_everything
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
 from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 # `train.micro_batch_size: auto` is the planner's call, and the engine does not import the planner: the CLI
@@ -46,7 +40,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     check_labels(bundle)
     findings = []
     if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
-        from trainwise.diagnose.sanity import raise_for_errors, sanity_check
+        from trainwise.check.sanity import raise_for_errors, sanity_check
 
         findings = sanity_check(config, bundle)
         raise_for_errors(findings)
@@ -73,7 +67,7 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
     if main:
         run.initialise(overwrite=overwrite, inputs=inputs)  # first: an --out that cannot be written is the error to show
-        warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
+        warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
         if warning:
             warnings.warn(warning, RunDirWarning, stacklevel=2)
         if auto is not None:
