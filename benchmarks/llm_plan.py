@@ -105,9 +105,11 @@ PUBLISHED = [  # (source, setting, figure GiB, job fields, what differs)
     (TORCHTUNE, "full", 18.9,
      dict(model="llama-3.1-8b", method="full", dtype="bf16", precision="bf16", optimizer="adamw8bit",
           gradient_checkpointing=True, loss_chunk_size=512, seq_len=2048, batch_size=2),
-     "torchtune runs the optimizer in backward: each gradient is applied and freed as soon as it is computed, so "
-     "the whole-model gradients (bf16, ~15 GiB) never exist together; trainwise keeps them until the step. "
-     "'without gradients' below is our peak less the gradients live at it."),
+     "two things torchtune does that trainwise does not: it runs the optimizer in backward (each gradient is "
+     "applied and freed at once, so the bf16 gradients, ~15 GiB, never exist together: 'planned_without_gradients' "
+     "is our peak less them), and its *paged* 8-bit AdamW keeps the moments (2 bytes per weight, ~15 GiB) in CUDA "
+     "managed memory outside PyTorch's allocator, which its peak figure does not count and the driver pages to host "
+     "RAM on a 24 GB card. Less both, our plan is weights 15 GiB + activations and the chunked loss."),
     *[(TORCHTUNE, setting, gibibytes,
        dict(model="llama-3.1-8b", method=setting, dtype="bf16", precision="bf16", gradient_checkpointing=True,
             loss_chunk_size=512, seq_len=2048, batch_size=2, lora_rank=8), why)
