@@ -12,11 +12,12 @@ import base64
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 from trainwise.rundir.atomic import atomic_write_text
-from trainwise.errors import ConfigError, TrainwiseError
+from trainwise.errors import ConfigError, RunDirWarning, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
 from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.calibration import calibration_verdict
@@ -135,10 +136,6 @@ def _resumed_since(event: dict[str, Any], later: list[dict[str, Any]]) -> bool:
 
 def _say(message: str) -> None:
     """A problem the report lists, said at the terminal too (the CLI prints a RunDirWarning as one line)."""
-    import warnings
-
-    from trainwise.errors import RunDirWarning
-
     warnings.warn(message, RunDirWarning, stacklevel=3)
 
 

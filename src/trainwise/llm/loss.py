@@ -5,8 +5,7 @@ the outputs, -100 = no loss) — the engine divides once by the step's label-tok
 the model runs up to its last hidden state, and the head + cross-entropy run `chunk_size` tokens at a time;
 forward keeps no logits and backward rebuilds one chunk's at a time.
 
-    forward, token_loss = chunked_loss_functions(model, 1024)   # installed on the engine's TrainStep
-    total = token_loss(forward(input_ids=ids, position_ids=positions), labels)
+    total = lm_loss_sum(model, batch, chunk_size=1024)   # what the engine's TrainStep does per micro-batch
 
 Chunking needs the hidden states and the head apart: Hugging Face causal LMs (also inside peft) give them; another
 model qualifies by having a `hidden_states(**inputs)` method and an `lm_head` / `head` Linear.
@@ -120,6 +119,23 @@ def hidden_and_head(model: nn.Module) -> tuple[Callable[..., torch.Tensor], nn.M
                           f"{type(inner).__name__} does not expose them; leave model.loss_chunk_size unset")
     softcap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
     return (lambda **inputs: backbone(**inputs).last_hidden_state), head, softcap
+
+
+MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's keys the model is called with (never labels: the loss is computed here)."""
+    return {key: batch[key] for key in MODEL_INPUTS if batch.get(key) is not None}
+
+
+def lm_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_size: int | None = None) -> torch.Tensor:
+    """The summed token loss of one micro-batch; chunked (the logits never whole) when `chunk_size` is set."""
+    if chunk_size is None:
+        output = model(**model_inputs(batch))
+        return token_loss_sum(getattr(output, "logits", output), batch["labels"])
+    forward, token_loss = chunked_loss_functions(model, chunk_size)
+    return token_loss(forward(**model_inputs(batch)), batch["labels"])
 
 
 class HiddenStates(nn.Module):

@@ -91,9 +91,7 @@ def lm_step(job: LmJob, layers: int | None = None, micro_batch: int | None = Non
     micro = micro_batch or job.micro
 
     def prepare(train_step):
-        if job.loss_chunk_size:
-            from trainwise.llm.loss import chunked_loss_functions
-            train_step.forward, train_step.token_loss = chunked_loss_functions(train_step.model, job.loss_chunk_size)
+        train_step.loss_chunk_size = job.loss_chunk_size  # the engine's own chunked loss (llm/loss.py)
 
     return TrainingStep(
         build_model=lambda: build_lm(job, layers), input_shape=(seq_len or job.seq_len,),
