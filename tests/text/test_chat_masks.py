@@ -1,0 +1,103 @@
+"""Only the assistant's tokens carry loss: every prompt and system token is -100, in every turn, with the
+built-in templates and with a tokenizer's own Jinja template; over-long samples truncated or dropped, counted."""
+from __future__ import annotations
+
+import pytest
+
+from tests.text.sft_tokenizers import CHATML_JINJA, TokenizerStandIn, train_bpe, write_hf_tokenizer_dir
+from trainwise.errors import DataError
+from trainwise.text.chat import Conversation, Turn
+from trainwise.text.chat_templates import BUILTIN_TEMPLATES, choose_template
+from trainwise.text.instruct import IGNORE_INDEX, encode_all, encode_conversation, fit_length, labels_for
+
+CHAT = Conversation((Turn("system", "Be brief."), Turn("user", "reverse: one two"), Turn("assistant", "two one"),
+                     Turn("user", "sort 3 1 2"), Turn("assistant", "1 2 3")))
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return TokenizerStandIn(train_bpe())
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    directory = write_hf_tokenizer_dir(tmp_path_factory.mktemp("tok"))
+    hf = AutoTokenizer.from_pretrained(directory)
+    assert hf.chat_template == CHATML_JINJA
+    return TokenizerStandIn(hf.backend_tokenizer, chat_template=hf.chat_template)
+
+
+def trained_text(sample, tokenizer):
+    """The text of each run of loss-carrying tokens."""
+    runs, current = [], []
+    for token, trains in zip(sample.ids, sample.trains):
+        if trains:
+            current.append(token)
+        elif current:
+            runs.append(tokenizer.decode(current)), current.clear()
+    return runs + ([tokenizer.decode(current)] if current else [])
+
+
+@pytest.mark.parametrize("name,answers", [
+    ("chatml", ["two one<|im_end|>\n", "1 2 3<|im_end|>\n"]),
+    ("llama3", ["two one<|eot_id|>", "1 2 3<|eot_id|>"]),
+    ("plain", ["two one\n\n<|endoftext|>", "1 2 3\n\n<|endoftext|>"]),
+])
+def test_builtin_templates_train_on_every_answer_and_nothing_else(bpe, name, answers):
+    sample = encode_conversation(CHAT, BUILTIN_TEMPLATES[name], bpe)
+    assert trained_text(sample, bpe) == answers
+    full = bpe.decode(sample.ids)
+    assert "Be brief." in full and "reverse: one two" in full and "sort 3 1 2" in full
+
+
+def test_the_tokenizers_own_template_masks_each_turn(hf_tokenizer):
+    template = choose_template(None, hf_tokenizer)
+    sample = encode_conversation(CHAT, template, hf_tokenizer)
+    assert trained_text(sample, hf_tokenizer) == ["two one<|im_end|>\n", "1 2 3<|im_end|>\n"]
+    # generation encodes the same prompt text the training sample had before its last answer
+    prompt = template.prompt(CHAT.as_messages()[:-1])
+    assert hf_tokenizer.decode(sample.ids).startswith(prompt)
+
+
+def test_labels_are_shifted_and_minus_100_wherever_the_next_token_is_prompt(bpe):
+    sample = encode_conversation(CHAT, BUILTIN_TEMPLATES["chatml"], bpe)
+    labels = labels_for(sample)
+    assert len(labels) == len(sample.ids) and labels[-1] == IGNORE_INDEX
+    for t in range(len(labels) - 1):
+        assert labels[t] == (sample.ids[t + 1] if sample.trains[t + 1] else IGNORE_INDEX)
+    assert sum(label != IGNORE_INDEX for label in labels) == sum(sample.trains)  # the first token is prompt
+
+
+def test_a_tokenizer_without_a_template_names_the_fix(bpe):
+    with pytest.raises(DataError, match="--template NAME with one of chatml, llama3, plain"):
+        choose_template(None, bpe)
+    with pytest.raises(DataError, match="no built-in chat template 'vicuna'"):
+        choose_template("vicuna", bpe)
+
+
+def test_without_prompt_masking_every_token_trains(bpe):
+    sample = encode_conversation(CHAT, BUILTIN_TEMPLATES["chatml"], bpe, mask_prompt=False)
+    assert all(sample.trains)
+
+
+def test_over_long_samples_are_truncated_from_the_prompt_side_or_dropped_and_counted(bpe):
+    template = BUILTIN_TEMPLATES["chatml"]
+    sample = encode_conversation(CHAT, template, bpe)
+    last_answer = len(bpe.encode("1 2 3<|im_end|>\n"))
+    kept, what = fit_length(sample, last_answer + 3, "truncate")
+    assert what == "truncated" and kept.ids == sample.ids[-(last_answer + 3):]
+    assert fit_length(sample, last_answer, "truncate") == (None, "dropped")  # the answer would lose its start
+    assert fit_length(sample, last_answer + 3, "drop") == (None, "dropped")
+    short = Conversation((Turn("user", "hi"), Turn("assistant", "yo")))
+    limit = len(encode_conversation(short, template, bpe))
+    assert last_answer < limit < len(sample)
+    samples, stats = encode_all([CHAT, short, CHAT], template, bpe, max_tokens=limit)
+    assert (stats.samples, stats.truncated, stats.dropped_too_long) == (3, 2, 0)
+    assert stats.lengths == [len(sample), limit, len(sample)] and len(samples[0]) == limit
+    _, stats = encode_all([CHAT, short], template, bpe, max_tokens=limit, too_long="drop")
+    assert (stats.samples, stats.dropped_too_long) == (1, 1)
+    assert 0 < stats.loss_share < 1 and sum(c for _, c in stats.histogram()) == 2
+    with pytest.raises(DataError, match="no sample is left"):
+        encode_all([CHAT], template, bpe, max_tokens=4, too_long="drop")
