@@ -157,8 +157,8 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
     format: Literal["trainwise-prepared"]
     format_version: int = Field(ge=1, le=FORMAT_VERSION)
-    kind: Literal["images", "table", "interactions"]
-    task: Literal["classification", "regression", "implicit"]
+    kind: Literal["images", "table", "interactions", "text"]
+    task: Literal["classification", "regression", "implicit", "causal_lm"]
     fields: dict[str, FieldSpec] = Field(alias="schema")
     splits: dict[Literal["train", "val", "test"], SplitEntry]
     files: dict[str, FileEntry] = {}
@@ -168,7 +168,8 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _agrees_with_itself(self) -> "Manifest":
-        missing = {"inputs", "targets"} - set(self.fields)
+        # text: token shards (text/tokens.py); every other kind: samples with their targets
+        missing = ({"tokens"} if self.kind == "text" else {"inputs", "targets"}) - set(self.fields)
         if missing:
             raise ValueError(f"schema has no {', '.join(sorted(missing))} field")
         if "train" not in self.splits:
@@ -178,6 +179,8 @@ class Manifest(BaseModel):
                 if set(shard.files) != set(self.fields):
                     raise ValueError(f"splits.{split}.shards.{shard.index}.files lists {sorted(shard.files)}, "
                                      f"the schema {sorted(self.fields)}")
+        if self.kind == "text":
+            return self
         stats, inputs = self.normalization, self.fields["inputs"].shape
         if stats and stats.mean and not (len(stats.mean) == len(stats.std) == (inputs[0] if inputs else 1)):
             raise ValueError(f"normalization has {len(stats.mean)} means and {len(stats.std)} stds for inputs of "
