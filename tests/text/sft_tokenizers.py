@@ -35,19 +35,3 @@ def write_hf_tokenizer_dir(directory: Path, chat_template: str | None = CHATML_J
     fast.save_pretrained(directory)
     return directory
 
-
-class TokenizerStandIn:
-    """The tokenizer interface of trainwise.text (encode, decode, eos_id, pad_id, chat_template) over a
-    `tokenizers` object, for tests that must not depend on how a tokenizer is loaded."""
-
-    def __init__(self, tok, chat_template: str | None = None, eos_token: str = "<|endoftext|>"):
-        self.tok, self.chat_template, self.eos_token = tok, chat_template, eos_token
-        self.eos_id = tok.token_to_id(eos_token)
-        self.pad_id = tok.token_to_id("<pad>")
-        self.vocab_size = tok.get_vocab_size()
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.text.sft_tokenizers import CHATML_JINJA, TokenizerStandIn, train_bpe, write_hf_tokenizer_dir
+from tests.text.sft_tokenizers import CHATML_JINJA, CORPUS, write_hf_tokenizer_dir
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation, Turn
 from trainwise.text.chat_templates import BUILTIN_TEMPLATES, choose_template
 from trainwise.text.instruct import IGNORE_INDEX, encode_all, encode_conversation, fit_length, labels_for
+from trainwise.text.tokenizer import BpeTokenizer, ModelTokenizer
 
 CHAT = Conversation((Turn("system", "Be brief."), Turn("user", "reverse: one two"), Turn("assistant", "two one"),
                      Turn("user", "sort 3 1 2"), Turn("assistant", "1 2 3")))
@@ -16,33 +17,34 @@ CHAT = Conversation((Turn("system", "Be brief."), Turn("user", "reverse: one two
 
 @pytest.fixture(scope="module")
 def bpe():
-    return TokenizerStandIn(train_bpe())
+    return BpeTokenizer.train(CORPUS, 300)
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    directory = write_hf_tokenizer_dir(tmp_path_factory.mktemp("tok"))
-    hf = AutoTokenizer.from_pretrained(directory)
-    assert hf.chat_template == CHATML_JINJA
-    return TokenizerStandIn(hf.backend_tokenizer, chat_template=hf.chat_template)
+    tokenizer = ModelTokenizer.from_directory(write_hf_tokenizer_dir(tmp_path_factory.mktemp("tok")))
+    assert tokenizer.chat_template == CHATML_JINJA
+    return tokenizer
 
 
 def trained_text(sample, tokenizer):
-    """The text of each run of loss-carrying tokens."""
+    """The text of each run of loss-carrying tokens (the end-of-text id written as <|endoftext|>)."""
+    def text(ids):
+        return "".join("<|endoftext|>" if i == tokenizer.eos_id else tokenizer.decode([i]) for i in ids)
+
     runs, current = [], []
     for token, trains in zip(sample.ids, sample.trains):
         if trains:
             current.append(token)
         elif current:
-            runs.append(tokenizer.decode(current)), current.clear()
-    return runs + ([tokenizer.decode(current)] if current else [])
+            runs.append(text(current)), current.clear()
+    return runs + ([text(current)] if current else [])
 
 
 @pytest.mark.parametrize("name,answers", [
-    ("chatml", ["two one<|im_end|>\n", "1 2 3<|im_end|>\n"]),
-    ("llama3", ["two one<|eot_id|>", "1 2 3<|eot_id|>"]),
+    # a sample ends with end-of-text; after a closing answer it is the answer's, so the model learns to stop
+    ("chatml", ["two one<|im_end|>\n", "1 2 3<|im_end|>\n<|endoftext|>"]),
+    ("llama3", ["two one<|eot_id|>", "1 2 3<|eot_id|><|endoftext|>"]),
     ("plain", ["two one\n\n<|endoftext|>", "1 2 3\n\n<|endoftext|>"]),
 ])
 def test_builtin_templates_train_on_every_answer_and_nothing_else(bpe, name, answers):
@@ -55,7 +57,7 @@ def test_builtin_templates_train_on_every_answer_and_nothing_else(bpe, name, ans
 def test_the_tokenizers_own_template_masks_each_turn(hf_tokenizer):
     template = choose_template(None, hf_tokenizer)
     sample = encode_conversation(CHAT, template, hf_tokenizer)
-    assert trained_text(sample, hf_tokenizer) == ["two one<|im_end|>\n", "1 2 3<|im_end|>\n"]
+    assert trained_text(sample, hf_tokenizer) == ["two one<|im_end|>\n", "1 2 3<|im_end|>\n<|endoftext|>"]
     # generation encodes the same prompt text the training sample had before its last answer
     prompt = template.prompt(CHAT.as_messages()[:-1])
     assert hf_tokenizer.decode(sample.ids).startswith(prompt)

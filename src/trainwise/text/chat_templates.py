@@ -158,10 +158,9 @@ def choose_template(name: str | None, tokenizer: Any) -> ChatTemplate:
 def special_token_strings(tokenizer: Any) -> dict[str, str]:
     """bos/eos strings for a Jinja template's `{{ bos_token }}`, from whatever the tokenizer exposes."""
     out = {}
+    backend = getattr(tokenizer, "backend", None)  # a model directory's transformers tokenizer
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        value = getattr(tokenizer, key, None)
-        if value is None and hasattr(tokenizer, "special_tokens"):
-            value = (tokenizer.special_tokens or {}).get(key)
+        value = getattr(tokenizer, key, None) or getattr(backend, key, None)
         if isinstance(value, str):
             out[key] = value
     return out

@@ -76,6 +76,10 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
             piece.append(tokenizer.eos_id)
         ids += piece
         trains += [segment.trains or not mask_prompt] * len(piece)
+    if tokenizer.eos_id is not None and ids and ids[-1] != tokenizer.eos_id:
+        # every document ends with end-of-text (the token shards' rule), learnt when an answer ends the sample
+        ids.append(tokenizer.eos_id)
+        trains.append(trains[-1])
     return Sample(ids, trains)
 
 
