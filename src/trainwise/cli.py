@@ -83,7 +83,7 @@ def train(
     recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
     overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
-    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+    overwrite: bool = typer.Option(False, help="Replace an earlier trainwise run in --out (moved aside, then deleted); anything else is refused."),
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node, started by "
                                         "PyTorch's launcher (torchrun); train.strategy=auto asks the planner."),
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="Machines in the job (with --rdzv-endpoint)."),
@@ -105,7 +105,9 @@ def train(
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
         raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
-        run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch)
+        recipe_file = Path(recipe) if Path(recipe).is_file() else None
+        run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
+                        recipe_file=recipe_file)
     _finish(run.read_summary(), run.path)
 
 
@@ -150,7 +152,7 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to create."),
-    overwrite: bool = typer.Option(False, help="Replace an existing, non-empty run directory."),
+    overwrite: bool = typer.Option(False, help="Replace an earlier trainwise run in --out (moved aside, then deleted); anything else is refused."),
 ) -> None:
     """Train the `digits` recipe, evaluate it on its test split and say where the results are.
 

@@ -52,16 +52,54 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class LoraConfig(Section):
+    rank: int = Field(16, gt=0, description="LoRA rank r: the width of the low-rank update of each adapted layer.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA branch's input.")
+    target_modules: str | list[str] = Field("all-linear", description="Layers that get adapters: `all-linear` "
+                                            "(every linear layer but the output head) or a list of module names "
+                                            "(e.g. [q_proj, v_proj]).")
+
+
 class ModelConfig(Section):
-    name: str | None = Field("mlp", description="Built-in model: `cnn` (images) or `mlp` (tables). "
-                             "Ignored when `factory` is set.")
+    name: str | None = Field("mlp", description="Built-in model: `cnn` (images), `mlp` (tables), `gpt` (a "
+                             "decoder-only language model), or a recommender (`sasrec`, `gru4rec`, `popularity`, "
+                             "`din`). Ignored when `factory`, `hf` or `hf_config` is set.")
     factory: str | None = Field(None, description="Your own model as `package.module:function`; it is called "
                                 "with `args` (and `data_spec=` when it accepts it) and returns an nn.Module.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model builder "
                                  "(built-ins: hidden sizes, `dropout`, ...).")
+    hf: str | None = Field(None, description="A local Hugging Face causal language model directory (config.json "
+                           "and *.safetensors, with its tokenizer) to fine-tune or continue pretraining. Needs "
+                           "`pip install 'trainwise[llm]'`.")
+    hf_config: str | None = Field(None, description="A language model initialised at random from a config: a "
+                                  "catalogue name (`trainwise plan --list-models`, e.g. llama-3.2-1b) or a "
+                                  "config.json (or a directory holding one). Needs `pip install 'trainwise[llm]'`.")
+    method: Literal["full", "freeze", "lora", "qlora"] = Field("full", description="What trains: `full` (every "
+                                                               "weight), `freeze` (the last `trainable_blocks` "
+                                                               "blocks and the head), `lora` (low-rank adapters, "
+                                                               "see `lora`), `qlora` (adapters on a 4-bit base; "
+                                                               "CUDA and bitsandbytes only).")
+    trainable_blocks: int = Field(2, ge=0, description="method=freeze: how many of the last blocks train, with "
+                                  "the output head.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="Weight dtype: `fp32` master weights (mixed "
+                                           "precision comes from train.precision) or `bf16` (pure bf16 weights "
+                                           "and optimizer state: half the memory, less exact updates).")
+    loss_chunk_size: int | None = Field(None, gt=0, description="Language models: compute the output layer and "
+                                        "cross-entropy this many tokens at a time, so the [tokens x vocabulary] "
+                                        "logits never exist at once (None: all at once).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory "
-                                         "(built-in models; torch.utils.checkpoint, use_reentrant=False).")
+                                         "(built-in models: torch.utils.checkpoint, use_reentrant=False; Hugging "
+                                         "Face models: gradient_checkpointing_enable()).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
+
+    @model_validator(mode="after")
+    def _one_language_model_source(self) -> "ModelConfig":
+        if self.hf is not None and self.hf_config is not None:
+            raise ValueError("set model.hf (a model directory with weights) or model.hf_config (a config to "
+                             "initialise at random), not both")
+        return self
 
 
 class DataConfig(Section):
@@ -79,6 +117,8 @@ class DataConfig(Section):
                                                "training process); `auto` sizes them from the usable cores, RAM "
                                                "and /dev/shm. At most 2 per usable core.")
     pin_memory: bool | Literal["auto"] = Field("auto", description="Pin host memory for faster copies to GPU.")
+    seq_len: int | None = Field(None, gt=0, description="Text data: tokens per training sequence (None: the "
+                                "context length `trainwise prepare` suggested for the corpus).")
 
     @field_validator("num_workers")
     @classmethod

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise import run_lock, run_records, run_status
+from trainwise import run_lock, run_records, run_replace, run_status
 from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
 from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
@@ -67,27 +67,43 @@ class RunDir:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | os.PathLike, *, overwrite: bool = False) -> "RunDir":
-        """A new, empty run directory. An existing non-empty one is refused unless `overwrite`."""
-        return cls(path).initialise(overwrite=overwrite)
+    def create(cls, path: str | os.PathLike, *, overwrite: bool = False, inputs: Iterable[Path] = ()) -> "RunDir":
+        """A new, empty run directory. An existing non-empty one is refused unless `overwrite` and it is an
+        earlier run (see `initialise`)."""
+        return cls(path).initialise(overwrite=overwrite, inputs=inputs)
 
-    def initialise(self, *, overwrite: bool = False) -> "RunDir":
-        """Make this (not yet existing, or empty) directory on disk and hold its lock; see `create`."""
-        self.refuse_existing(self.path, overwrite=overwrite)
-        self.acquire_writer()  # before anything is deleted: a run another process is writing is never wiped
-        for child in self.path.iterdir():
-            if child.name == _LOCK_FILE:  # unlinking a held lock file would let a second writer in
-                continue
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+    def initialise(self, *, overwrite: bool = False, inputs: Iterable[Path] = ()) -> "RunDir":
+        """Make this (not yet existing, or empty) directory on disk and hold its lock. With `overwrite`, an
+        earlier run here is replaced: moved aside first, deleted once the new directory exists and is locked.
+        Anything that is not a run, and places run_replace.py protects (`inputs`: what the new run reads),
+        are refused before anything is touched."""
+        inputs = tuple(inputs)
+        self.refuse_existing(self.path, overwrite=overwrite, inputs=inputs)
+        aside = None
+        if self.path.is_dir() and any(child.name != _LOCK_FILE for child in self.path.iterdir()):
+            self.acquire_writer()  # a run another process is writing is never replaced
+            aside = run_replace.move_aside(self.path)
+            self.release_writer()  # its lock moved with it
+        self.acquire_writer()
+        if aside is not None:
+            kept = run_replace.remove_aside(aside)
+            if kept:
+                warnings.warn(kept, RunDirWarning, stacklevel=2)
         return self
 
     @staticmethod
-    def refuse_existing(path: Path, *, overwrite: bool) -> None:
+    def refuse_existing(path: Path, *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
         """Raise when creating a run at `path` would replace files the user did not ask to replace."""
-        run_status.refuse_existing(RunDir(path), overwrite=overwrite)
+        run_status.refuse_existing(RunDir(path), overwrite=overwrite, inputs=inputs)
+
+    @staticmethod
+    def entry_names() -> frozenset[str]:
+        """The top-level names a run directory may hold: what --overwrite may replace."""
+        run = RunDir(".")
+        paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
+                 run.model_path, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
+                 run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path, run.checksums_path]
+        return frozenset(path.name for path in paths)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":

@@ -8,11 +8,11 @@ stay spelled in run.py alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise import run_lock
+from trainwise import run_lock, run_replace
 from trainwise.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -58,16 +58,21 @@ def liveness_note(run: "RunDir") -> str | None:
                                   resumable=run.has_checkpoint())
 
 
-def refuse_existing(run: "RunDir", *, overwrite: bool) -> None:
+def refuse_existing(run: "RunDir", *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
     """Raise when creating a run at `run.path` would replace files the user did not ask to replace: a
-    file, a run another process is writing (even with `overwrite`), or any earlier files without it."""
+    file, a run another process is writing (even with `overwrite`), any earlier files without it, and with it
+    anything that is not an earlier run or is a place `--overwrite` never replaces (run_replace.py; `inputs`:
+    the files and folders the new run reads)."""
     path, lock = run.path, run.lock_path
     if path.exists() and not path.is_dir():
         raise RunDirError(f"{path} exists and is not a directory; choose another --out.")
     holder = run_lock.holder(lock) if path.is_dir() and not run_lock.held_here(lock) else None
     if holder is not None:
         raise run_lock.in_use(path, holder)
-    if path.is_dir() and any(p.name != lock.name for p in path.iterdir()) and not overwrite:
+    holds_files = path.is_dir() and any(p.name != lock.name for p in path.iterdir())
+    if holds_files and overwrite:
+        run_replace.refuse_replacing(path, run.entry_names(), lock.name, inputs)
+    if holds_files and not overwrite:
         recorded = run.read_summary().get("status") if run.summary_path.is_file() else None
         if recorded == "completed":
             advice = ("It holds a completed run, which cannot be resumed. Choose another --out "
@@ -75,6 +80,8 @@ def refuse_existing(run: "RunDir", *, overwrite: bool) -> None:
         elif run.has_checkpoint():
             advice = (f"Continue it with `trainwise resume {path}`, choose another --out, or pass --overwrite "
                       "to replace it.")
+        elif run_replace.foreign_entries(path, run.entry_names(), lock.name):
+            advice = "It is not a trainwise run: choose another --out (--overwrite replaces only an earlier run)."
         else:
             advice = "Choose another --out, or pass --overwrite to replace it."
         raise RunDirError(f"{path} already holds files (a previous run?). Nothing was touched.\n{advice}")

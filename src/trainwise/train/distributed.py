@@ -193,7 +193,7 @@ def gather_objects(obj: Any) -> list[Any]:
 class FollowerRunDir(RunDir):
     """The run directory as a rank other than 0 sees it: it reads what rank 0 wrote and writes nothing."""
 
-    def initialise(self, *, overwrite: bool = False) -> "RunDir":
+    def initialise(self, *, overwrite: bool = False, inputs=()) -> "RunDir":
         return self
 
     def acquire_writer(self) -> "RunDir":

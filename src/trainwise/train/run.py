@@ -57,19 +57,22 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
-              callbacks: Sequence[Callback] = (), resolve_micro_batch: MicroBatchResolver | None = None) -> RunDir:
-    """Train `config` into a new run directory `out` (refused when it holds files, unless `overwrite`).
-    `resolve_micro_batch` turns `train.micro_batch_size: auto` into a number (see MicroBatchResolver)."""
+              callbacks: Sequence[Callback] = (), resolve_micro_batch: MicroBatchResolver | None = None,
+              recipe_file: Path | None = None) -> RunDir:
+    """Train `config` into a new run directory `out` (refused when it holds files, unless `overwrite` and they
+    are an earlier run's). `resolve_micro_batch` turns `train.micro_batch_size: auto` into a number (see
+    MicroBatchResolver). The recipe file and `data.path` are never inside what `overwrite` replaces."""
     run = RunDir(out)
     main = launched_ranks().is_main
+    inputs = [Path(p) for p in (config.data.path, recipe_file) if p is not None]
     if main:
-        RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
+        RunDir.refuse_existing(run.path, overwrite=overwrite, inputs=inputs)  # fail fast, before any work
     auto = None
     if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
         config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
     trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
     if main:
-        run.initialise(overwrite=overwrite)  # first: an --out that cannot be written is the error to show
+        run.initialise(overwrite=overwrite, inputs=inputs)  # first: an --out that cannot be written is the error to show
         warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
         if warning:
             warnings.warn(warning, RunDirWarning, stacklevel=2)
