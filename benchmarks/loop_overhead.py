@@ -211,7 +211,7 @@ def main() -> None:
                   f"{walls['hand_loop'][-1]:.2f} s" + (f", lightning {lightning:.2f} s" if lightning else ""),
                   flush=True)
         syncs = count_host_syncs(config, tmp)
-    from trainwise.diagnose.sanity import sanity_check
+    from trainwise.check.sanity import sanity_check
 
     started = time.perf_counter()
     sanity_check(config)

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from trainwise.diagnose.lr_find import lr_find_config  # noqa: E402
+from trainwise.check.lr_find import lr_find_config  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.run import RunDir  # noqa: E402
 from trainwise.train.run import build_trainer  # noqa: E402

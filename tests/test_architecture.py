@@ -68,7 +68,7 @@ def _room(module: str) -> str | None:
 
 
 def _is_cli_layer(module: str) -> bool:
-    return module in ("trainwise", "trainwise.cli", "trainwise.__main__", "trainwise.demo") or \
+    return module in ("trainwise", "trainwise.cli", "trainwise.__main__", "trainwise.cli.demo") or \
         module.endswith(".commands")
 
 
@@ -145,7 +145,7 @@ def test_the_checker_holds_evaluate_to_the_public_train_api(tmp_path):
     fake = tmp_path / "trainwise" / "evaluate"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    (fake / "peek.py").write_text("from trainwise.train.evaluation import predict\nfrom trainwise.train import "
+    (fake / "peek.py").write_text("from trainwise.runtime.inference import predict\nfrom trainwise.train import "
                                   "predict as fine\n")
     [problem] = violations(tmp_path)
     assert "peek.py:1" in problem and "public API" in problem

@@ -50,7 +50,7 @@ def test_the_plan_prices_the_steps_the_trainer_runs(tmp_path, epochs):
 
 
 def test_the_plan_asks_the_trainers_precision_rule(monkeypatch):
-    import trainwise.train.precision as precision
+    import trainwise.runtime.precision as precision
 
     asked = []
 

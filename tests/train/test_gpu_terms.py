@@ -15,8 +15,8 @@ from tests.conftest import stop_at, ROOT, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ConfigError, TrainingError
 from trainwise.run import RunDir
-from trainwise.train.device import resolve_device
-from trainwise.train.evaluation import predict
+from trainwise.runtime.device import resolve_device
+from trainwise.runtime.inference import predict
 from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW
 from trainwise.train.trainer import Trainer
 

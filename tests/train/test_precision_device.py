@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from trainwise.errors import ConfigError
-from trainwise.train.device import resolve_device
-from trainwise.train.precision import autocast, choose_precision, enable_tf32, make_scaler, resolve_precision
+from trainwise.runtime.device import resolve_device
+from trainwise.runtime.precision import autocast, choose_precision, enable_tf32, make_scaler, resolve_precision
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -235,7 +235,7 @@ def _telemetry_label(key: str, fields: dict[str, str]) -> str:
 
 def _lr_find_uri(data: dict[str, Any]) -> str | None:
     """The lr-find curve, drawn by lr-find's own renderer from the JSON it wrote."""
-    from trainwise.diagnose.lr_find import LrFindResult, SweepSettings, render_png
+    from trainwise.diagnose.lr_curve import LrFindResult, SweepSettings, render_png
 
     try:
         result = LrFindResult(lrs=[float(x) for x in data["lrs"]], losses=[float(x) for x in data["losses"]],

@@ -83,7 +83,8 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors).
     A run made by someone else that names factories runs none of them without `trust_code`."""
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train import predict, resolve_device
+    from trainwise.runtime.device import resolve_device
+    from trainwise.runtime.inference import predict
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
     if split not in SPLITS:

@@ -71,7 +71,7 @@ class JobEstimate:
 
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train import choose_precision
+    from trainwise.runtime.precision import choose_precision
 
     bundle = build_data(config)
     spec = bundle.spec

@@ -46,7 +46,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     check_labels(bundle)
     findings = []
     if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
-        from trainwise.diagnose.sanity import raise_for_errors, sanity_check
+        from trainwise.check.sanity import raise_for_errors, sanity_check
 
         findings = sanity_check(config, bundle)
         raise_for_errors(findings)

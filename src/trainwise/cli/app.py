@@ -158,7 +158,7 @@ def demo(
 
     Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
     with `trainwise resume`, then `trainwise eval`); 130 aborted by a second Ctrl-C; 2 bad input."""
-    from trainwise.demo import demo_run
+    from trainwise.cli.demo import demo_run
 
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = demo_run(out, overwrite=overwrite, console=console)
@@ -236,21 +236,14 @@ def _print_outcome(summary: dict, path: Path) -> None:
     console.print(f"run directory: {path}")
 
 
-def _register_rooms() -> None:
-    from trainwise.data import commands as data_commands
-    from trainwise.diagnose import commands as diagnose_commands
-    from trainwise.doctor import commands as doctor_commands
-    from trainwise.evaluate import commands as evaluate_commands
-    from trainwise.plan import commands as plan_commands
-    from trainwise.recsys import commands as recsys_commands
-    from trainwise.telemetry import commands as telemetry_commands
+def _register_command_groups() -> None:
+    from trainwise.cli import data, diagnose, doctor, evaluate, plan, recsys, telemetry
 
-    for room in (plan_commands, doctor_commands, telemetry_commands, data_commands, diagnose_commands,
-                 evaluate_commands, recsys_commands):
-        room.register(app)
+    for group in (plan, doctor, telemetry, data, diagnose, evaluate, recsys):
+        group.register(app)
 
 
-_register_rooms()
+_register_command_groups()
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

@@ -4,7 +4,8 @@ Neural Networks", §3.3; popularised by fastai's `lr_find`).
 Train a copy of the model for a short sweep, raising the learning rate exponentially each step from
 `min_lr` to `max_lr`; record the loss at each step, smooth it (an exponential moving average, corrected
 for its zero start), and stop once the smoothed loss passes `DIVERGENCE_FACTOR` × its best: past that
-point the curve says nothing more. The suggestion is read off the smoothed curve (`suggest_lr`).
+point the curve says nothing more. The curve's rules and the suggestion are pure and live in
+trainwise.diagnose.lr_curve, which the report reads too.
 
 The step is the engine's own (train/step.py's TrainStep, built from the Trainer's optimizer, loss, scaler
 and clipping), so what the sweep measures is what `trainwise train` would run. The losses stay on the
@@ -16,11 +17,9 @@ directory the user named, each atomically, both rendered in memory first.
 from __future__ import annotations
 
 import copy
-import io
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,119 +29,17 @@ from torch.utils.data import Dataset
 from trainwise.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
 from trainwise.config import RunConfig
 from trainwise.data.loader import LoaderSettings, build_loader
+from trainwise.diagnose.lr_curve import (MAX_STEPS, MIN_STEPS, READ_EVERY, LrFindResult, SweepSettings,  # noqa: F401
+                                        curve_note, default_steps, divergence_index, finite_json, lr_at, render_png,
+                                        smooth, suggest_lr)
 from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
 from trainwise.run import RunDir
-from trainwise.train.device import resolve_device
+from trainwise.runtime.device import resolve_device
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import make_scaler, resolve_precision
+from trainwise.runtime.precision import make_scaler, resolve_precision
 from trainwise.train.step import MicroBatch, TrainStep, default_loss
 
-DEFAULT_MIN_LR, DEFAULT_MAX_LR = 1e-6, 1.0  # wide enough for Adam (≈1e-4..1e-2) and SGD (≈1e-2..1)
-MAX_STEPS = 100  # fastai's default: ~17 points per decade over 6 decades
-MIN_STEPS = 50
-SWEEP_EPOCHS = 8  # on small data, fewer steps: a long sweep would mostly measure memorisation
-SMOOTHING = 0.9  # EMA factor. fastai uses 0.98, whose ~50-step lag would move a 100-step curve by 3
-#                   decades; 0.9 averages ~10 steps: enough against batch noise, half a decade of lag
-DIVERGENCE_FACTOR = 4.0  # smoothed loss above 4× its best: the run has diverged (fastai's stop rule)
-READ_EVERY = 10  # steps between reads of the device losses
-SUGGESTION_DIVISOR = 10.0
-RULE = ("lr at the minimum of the smoothed loss, divided by 10 (fastai's lr_min; Smith 2017 §3.3): the "
-        "largest rate that still lowers the loss, with a margin for the longer run that follows")
 KNOWN_LOSSES = ("classification", "regression")  # the tasks default_loss knows
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    min_lr: float = DEFAULT_MIN_LR
-    """First learning rate of the sweep."""
-    max_lr: float = DEFAULT_MAX_LR
-    """Last learning rate, reached only if the loss never diverges."""
-    steps: int | None = None
-    """Optimizer steps of the sweep; None: `default_steps` of the training data."""
-    smoothing: float = SMOOTHING
-    """EMA factor of the smoothed curve (0: no smoothing)."""
-    divergence_factor: float = DIVERGENCE_FACTOR
-    """Stop when the smoothed loss exceeds this multiple of its best."""
-
-    def check(self) -> None:
-        if not (0 < self.min_lr < self.max_lr) or not math.isfinite(self.max_lr):
-            raise ConfigError(f"lr-find: need 0 < --min-lr < --max-lr (got {self.min_lr:g} and {self.max_lr:g}).")
-        if self.steps is not None and self.steps < 10:
-            raise ConfigError(f"lr-find: --steps {self.steps} is too few for a curve; use at least 10.")
-        if not 0 <= self.smoothing < 1 or self.divergence_factor <= 1:
-            raise ConfigError("lr-find: smoothing must be in [0, 1) and the divergence factor above 1.")
-
-
-@dataclass(frozen=True)
-class LrFindResult:
-    lrs: list[float]
-    losses: list[float]
-    smoothed: list[float]
-    suggestion: float
-    steps_planned: int
-    diverged: bool
-    """The sweep stopped because the smoothed loss passed `divergence_factor` × its best."""
-    settings: SweepSettings
-    note: str = ""
-    """Said when the curve makes the suggestion doubtful (the loss never fell, or never diverged)."""
-    context: dict = field(default_factory=dict)
-    """What the suggestion holds for: optimizer, batch size, precision, device (a new batch size or
-    optimizer needs a new sweep)."""
-    rule: str = field(default=RULE)
-
-    @property
-    def override(self) -> str:
-        return f"optim.lr={self.suggestion:.3g}"
-
-    def to_dict(self) -> dict:
-        return {"suggestion": self.suggestion, "override": self.override, "rule": self.rule, "note": self.note,
-                "diverged": self.diverged, "steps_run": len(self.lrs), "steps_planned": self.steps_planned,
-                "settings": asdict(self.settings), "context": self.context, "lrs": self.lrs,
-                "losses": self.losses, "smoothed": self.smoothed}
-
-
-# ---- the curve (pure) ---------------------------------------------------------------------------------
-
-def lr_at(step: int, steps: int, min_lr: float, max_lr: float) -> float:
-    """The exponential sweep: equal ratios between steps, `min_lr` at step 0, `max_lr` at the last."""
-    return min_lr * (max_lr / min_lr) ** (step / max(1, steps - 1))
-
-
-def smooth(losses: list[float], beta: float = SMOOTHING) -> list[float]:
-    """Exponential moving average divided by (1 - beta^n): without the correction the first values would
-    be pulled toward the average's zero start."""
-    average, smoothed = 0.0, []
-    for n, loss in enumerate(losses, start=1):
-        average = beta * average + (1 - beta) * loss
-        smoothed.append(average / (1 - beta ** n) if beta else loss)
-    return smoothed
-
-
-def divergence_index(smoothed: list[float], factor: float = DIVERGENCE_FACTOR) -> int | None:
-    """The first index where the smoothed loss is not finite or above `factor` × the best so far."""
-    best = math.inf
-    for index, value in enumerate(smoothed):
-        if not math.isfinite(value) or value > factor * best:
-            return index
-        best = min(best, value)
-    return None
-
-
-def suggest_lr(lrs: list[float], smoothed: list[float]) -> float:
-    """The rule (RULE): lr at the smoothed curve's minimum / 10. The minimum, not the steepest slope:
-    a slope of a noisy curve jumps between neighbouring points, while the minimum of a smoothed one moves
-    little, so the same recipe gets the same suggestion run after run."""
-    finite = [(loss, lr) for lr, loss in zip(lrs, smoothed) if math.isfinite(loss)]
-    if not finite:
-        raise TrainingError("lr-find: the loss was never finite, even at the smallest learning rate; check "
-                            "the data for NaN/Inf and the model's output (`trainwise diagnose` on a short run).")
-    _, lr_of_min = min(finite)
-    return lr_of_min / SUGGESTION_DIVISOR
-
-
-def default_steps(steps_per_epoch: int) -> int:
-    return max(MIN_STEPS, min(MAX_STEPS, SWEEP_EPOCHS * steps_per_epoch))
-
 
 # ---- the sweep --------------------------------------------------------------------------------------
 
@@ -208,22 +105,7 @@ def sweep(model: nn.Module, train_data: Dataset, *, config: RunConfig, task: str
                         diverged=diverged_at is not None, settings=settings,
                         context={"optimizer": config.optim.name, "batch_size": train.batch_size,
                                  "precision": precision, "device": str(device)},
-                        note=_note(lrs, smoothed, suggestion, diverged_at is not None, settings))
-
-
-def _note(lrs: list[float], smoothed: list[float], suggestion: float, diverged: bool,
-          settings: SweepSettings) -> str:
-    finite = [s for s in smoothed if math.isfinite(s)]
-    if min(finite) > 0.97 * finite[0]:
-        return ("the loss hardly fell anywhere in the sweep: the suggestion is a guess. Check the data and "
-                "labels, or sweep longer (--steps).")
-    lowest = smoothed.index(min(finite))
-    if not diverged and lowest >= len(smoothed) - 5:  # still falling at the end of the sweep
-        return (f"the loss was still falling at {lrs[-1]:.3g}, the end of the sweep: the suggestion may be "
-                "low; try a larger --max-lr.")
-    if suggestion < settings.min_lr:
-        return f"the loss was lowest at the start of the sweep: try a smaller --min-lr than {settings.min_lr:g}."
-    return ""
+                        note=curve_note(lrs, smoothed, suggestion, diverged_at is not None, settings))
 
 
 def _batches(dataset: Dataset, micro_batch_size: int, accumulation_steps: int,
@@ -284,50 +166,10 @@ def write_outputs(result: LrFindResult, out: Path) -> tuple[Path, Path]:
     try:
         json_target, png_target = RunDir(out).lr_find_paths
         png_path = atomic_write_bytes(png_target, png)
-        json_path = atomic_write_json(json_target, _finite(result.to_dict()))
+        json_path = atomic_write_json(json_target, finite_json(result.to_dict()))
     except OSError as error:  # e.g. a read-only disk: the user's choice of place, not a bug
         if is_disk_full(error):
             raise
         raise RunDirError(f"--out {out}: cannot write there ({error.strerror or error}). Choose another "
                           "--out.") from None
     return json_path, png_path
-
-
-def render_png(result: LrFindResult) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(6.4, 3.6))  # a Figure, not pyplot: no global state
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    points = [(lr, raw, s) for lr, raw, s in zip(result.lrs, result.losses, result.smoothed)
-              if math.isfinite(raw) and math.isfinite(s)]
-    if points:
-        xs, raw, smoothed = zip(*points)
-        ax.plot(xs, raw, color="#1f77b4", alpha=0.3, linewidth=1, label="loss")
-        ax.plot(xs, smoothed, color="#1f77b4", linewidth=1.8, label="smoothed")
-        # the diverged tail can be 100× the rest: keep the part of the curve the suggestion is read from
-        low, high = min(min(raw), min(smoothed)), max(smoothed[0], max(smoothed[:-1] or smoothed))
-        ax.set_ylim(low - 0.05 * (high - low), high + 0.5 * (high - low))
-    ax.axvline(result.suggestion, color="#2ca02c", linestyle="--", linewidth=1.2,
-               label=f"suggested {result.override}")
-    ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("training loss")
-    ax.set_title("learning-rate range test" + (" (stopped at divergence)" if result.diverged else ""), fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", facecolor="white")
-    return buffer.getvalue()
-
-
-def _finite(value):
-    """A NaN/Inf loss (the diverged point) as a string: strict JSON has no such numbers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

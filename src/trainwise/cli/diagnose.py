@@ -100,7 +100,7 @@ def check(
     imbalance), inputs (NaN/Inf, constant features, unnormalised scale, rows duplicated between train and
     test) and an overfit-one-batch probe of the model, loss and optimizer. Exit 0 when nothing is an error,
     1 when something is (do not train yet), 2 on bad input."""
-    from trainwise.diagnose.sanity import sanity_check
+    from trainwise.check.sanity import sanity_check
     from trainwise.recipes import load_recipe
 
     findings = sanity_check(load_recipe(recipe, overrides or []))
@@ -145,7 +145,7 @@ def lr_find(
     --min-lr to --max-lr, stop when the smoothed loss diverges, and suggest the rate at the loss's minimum
     divided by 10, with the override to use. Writes lr_find.json (the curve) and lr_find.png into --out;
     nothing else. Exit 2 on bad input (a non-empty --out, a recipe without a loss), with nothing written."""
-    from trainwise.diagnose import lr_find as finder
+    from trainwise.check import lr_find as finder
     from trainwise.recipes import load_recipe
 
     settings = finder.SweepSettings(min_lr=min_lr, max_lr=max_lr, steps=steps)

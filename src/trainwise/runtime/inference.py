@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
-from trainwise.train.precision import Precision, autocast
+from trainwise.runtime.precision import Precision, autocast
 
 
 @torch.no_grad()

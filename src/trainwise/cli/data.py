@@ -168,7 +168,7 @@ def bench(
     import json
 
     from trainwise.data.bench import FULL_SECONDS, QUICK_SECONDS, worker_counts
-    from trainwise.train.throughput import bench_prepared
+    from trainwise.check.throughput import bench_prepared
 
     counts = _parse_workers(workers) if workers else worker_counts(quick=quick)
     if seconds is not None and seconds <= 0:

@@ -15,9 +15,9 @@ from trainwise.config import RunConfig
 from trainwise.data.bench import BenchResult, bench, default_recipe
 from trainwise.data.bundle import DataSpec
 from trainwise.data.shards import read_manifest
-from trainwise.train.device import resolve_device
+from trainwise.runtime.device import resolve_device
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import make_scaler, resolve_precision
+from trainwise.runtime.precision import make_scaler, resolve_precision
 from trainwise.train.step import TrainStep, default_loss
 
 

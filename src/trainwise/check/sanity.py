@@ -1,6 +1,6 @@
 """`trainwise check RECIPE`: the sanity checks before training, each result a finding.
 
-    from trainwise.diagnose.sanity import sanity_check
+    from trainwise.check.sanity import sanity_check
     findings = sanity_check(load_recipe("digits"))      # worst first; any "error" means: do not train yet
 
 Builds the recipe's data and a fresh model the way `train` does, then checks the labels and inputs of each
@@ -17,7 +17,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.diagnose.findings import Finding, worst_first
 from trainwise.diagnose.sanity_data import SplitData, data_findings
-from trainwise.diagnose.sanity_probe import overfit_one_batch
+from trainwise.check.overfit_one_batch import overfit_one_batch
 
 # Rows read per split: enough to see the label distribution, a NaN or a duplicate of any built-in data set
 # whole, and a large prepared one in well under a second.
@@ -52,9 +52,9 @@ def raise_for_errors(findings: list[Finding]) -> None:
 def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     from trainwise.data.bundle import check_labels
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.device import resolve_device
+    from trainwise.runtime.device import resolve_device
     from trainwise.train.optim import build_optimizer
-    from trainwise.train.precision import resolve_precision
+    from trainwise.runtime.precision import resolve_precision
     from trainwise.train.step import default_loss
 
     started = time.perf_counter()
