@@ -30,12 +30,12 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainwise import run_lock, run_records, run_replace, run_status
-from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
+from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_directory, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
 from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
 from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, damaged_file_advice,
@@ -101,7 +101,7 @@ class RunDir:
         """The top-level names a run directory may hold: what --overwrite may replace."""
         run = RunDir(".")
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
-                 run.model_path, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
+                 run.model_path, run.adapter_dir, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
                  run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path, run.checksums_path]
         return frozenset(path.name for path in paths)
 
@@ -139,6 +139,11 @@ class RunDir:
     @property
     def model_path(self) -> Path:
         return self.path / "model.safetensors"
+
+    @property
+    def adapter_dir(self) -> Path:
+        """A LoRA run's adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
+        return self.path / "adapter"
 
     @property
     def summary_path(self) -> Path:
@@ -404,6 +409,17 @@ class RunDir:
                                       expected_bytes=len(data), advice=self._disk_advice())
         self._ledger.record({self.model_path: written})
         return written.path
+
+    def write_directory(self, target: Path, write: Callable[[Path], Any], *, what: str) -> Path:
+        """`write(tmp)` fills a fresh directory (a library's own save_pretrained) that replaces `target` in one
+        rename; the checksum of each of its files is recorded."""
+        self.acquire_writer()
+        try:
+            written = atomic_write_directory(target, write)
+        except OSError as error:
+            raise RunDirError(f"could not write {what} to {target}: {error}") from None
+        self._ledger.record({w.path: w for w in written})
+        return target
 
     def read_model(self) -> dict[str, Any]:
         """The final weights, verified against their checksum; DamagedFileError when they are not intact."""

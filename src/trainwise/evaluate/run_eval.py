@@ -22,6 +22,7 @@ from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.run import RunDir
 from trainwise.run_trust import require_trust
+from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 
 Checkpoint = Literal["best", "last", "final"]
 SPLITS = ("train", "val", "test")
@@ -101,8 +102,8 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
+        load_kept_state(model, state, saved_record(weights))
+    except StateMismatch as e:
         raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
                           f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
     own_evaluation = getattr(dataset, "evaluate_model", None)

@@ -20,6 +20,7 @@ import torch
 from trainwise.config_diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.run_integrity import CheckpointChoice
+from trainwise.runtime.model_state import StateMismatch, kept_state, load_kept_state, save_record
 
 if TYPE_CHECKING:
     from trainwise.run import RunDir
@@ -84,7 +85,9 @@ def training_state(trainer: "Trainer", *, tensors: bool = True) -> dict[str, Any
     optimizer, which a sharded checkpoint stores apart."""
     from trainwise.train.distributed import gather_objects
 
-    weights = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()} if tensors else {}
+    # a frozen base (LoRA, freeze) is rebuilt from its source on resume: only what trains is kept
+    weights = ({"model": kept_state(trainer.model), **save_record(trainer.model),
+                "optimizer": trainer.optimizer.state_dict()} if tensors else {})
     return {
         **weights,
         "scheduler": trainer.scheduler.state_dict(),
@@ -118,7 +121,7 @@ def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict
 
 def restore_training_state(trainer: "Trainer", state: dict[str, Any]) -> None:
     if "model" in state:  # a sharded checkpoint's tensors are already loaded
-        trainer.model.load_state_dict(state["model"])
+        _load_model(trainer, state)
         trainer.optimizer.load_state_dict(state["optimizer"])
     # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
     scheduler = state["scheduler"]
@@ -193,14 +196,22 @@ def restore_best(trainer: "Trainer") -> bool:
     except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
         trainer.run_dir.log_event("best_damaged", str(damage), severity="warning", step=trainer.step)
         return False
-    trainer.model.load_state_dict(read_checkpoint(best)["model"])
+    _load_model(trainer, read_checkpoint(best))
     return True
 
 
+def _load_model(trainer: "Trainer", state: dict[str, Any]) -> None:
+    try:
+        load_kept_state(trainer.model, state["model"], state)
+    except StateMismatch as mismatch:
+        raise RunDirError(f"the checkpoint does not fit the model built from the run's config: {mismatch}") from None
+
+
 def final_weights(trainer: "Trainer") -> dict[str, torch.Tensor]:
-    """The whole model's weights for model.safetensors (gathered to rank 0 when sharded; a collective)."""
+    """The model's weights for model.safetensors (gathered to rank 0 when sharded; a collective): the whole
+    state dict, or only what trains on a frozen base (see runtime/model_state.py; `save_record` says which)."""
     if trainer.sharded:
         from trainwise.train import sharded_checkpoint
 
         return sharded_checkpoint.full_model_state(trainer.model, sharded=torch.distributed.is_initialized())
-    return trainer.model.state_dict()
+    return kept_state(trainer.model)

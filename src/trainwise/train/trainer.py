@@ -48,6 +48,8 @@ from trainwise.train.signals import GracefulStop
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
 from trainwise.train.timing import StepTimer
+from trainwise.train.adapters import save_adapter
+from trainwise.runtime.model_state import save_record
 
 
 class Trainer:
@@ -383,7 +385,10 @@ class Trainer:
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
         self.run_dir.write_model(ckpt.final_weights(self), {"step": str(weights_step), "run_steps": str(self.step),
-                                                            "restored_best": str(restored)})
+                                                            "restored_best": str(restored),
+                                                            **({} if self.sharded else save_record(self.model))})
+        if self.ranks.is_main:
+            save_adapter(self.model, self.run_dir)  # LoRA: the adapter in peft's format, beside the weights
         return self._write_summary("completed", started, message=message, restored_best=restored)
 
     def _write_summary(self, status: str, started: float, message: str | None = None,
