@@ -16,12 +16,13 @@ data_app = typer.Typer(name="data", help="Check and measure prepared datasets.",
 
 
 def prepare(
-    source: Path = typer.Argument(..., help="A folder of class sub-folders of images, a CSV/Parquet table, or an "
+    source: Path = typer.Argument(..., help="A folder of class sub-folders of images, a CSV/Parquet table, an "
                                   "interaction log (CSV/Parquet with user, item, timestamp; MovieLens "
-                                  "ratings.dat or u.data; RecBole .inter)."),
+                                  "ratings.dat or u.data; RecBole .inter), or text (.txt/.md files or folders, "
+                                  "JSONL with a text field)."),
     to: Path = typer.Option(..., "--to", help="Directory to write the prepared dataset to (keep it off the "
                             "system disk)."),
-    kind: str = typer.Option("auto", help="auto | images | table | interactions."),
+    kind: str = typer.Option("auto", help="auto | images | table | interactions | text."),
     workers: Optional[int] = typer.Option(None, help="Processes decoding images (default: all cores)."),
     size: str = typer.Option("64", help="Images: output size, `64` or `HEIGHTxWIDTH`; resized to cover, then "
                              "center-cropped."),
@@ -43,6 +44,13 @@ def prepare(
                                             "default: one named event), kept as a feature recommenders read."),
     session_gap: Optional[str] = typer.Option(None, help="Interactions: a pause longer than this (e.g. 30m, "
                                               "2h) starts a new session; each event keeps its session id."),
+    tokenizer: Optional[str] = typer.Option(None, help="Text: `bytes` (default: 256 byte ids, nothing to "
+                                            "download) or a local model directory whose tokenizer to use."),
+    train_tokenizer: Optional[int] = typer.Option(None, help="Text: train a byte-level BPE of this many ids on "
+                                                  "the training documents (e.g. 8000)."),
+    text_field: str = typer.Option("text", help="Text: the field of each JSONL record that holds the document."),
+    seq_len: Optional[int] = typer.Option(None, help="Text: the context length to report truncation and packing "
+                                          "for (default: suggested from the document lengths)."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -53,7 +61,9 @@ def prepare(
     options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              shard_size=shard_size, size=size, channels=channels, label=label, task=task,
                              user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
-                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap)
+                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap,
+                             tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
+                             seq_len=seq_len)
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)
@@ -70,8 +80,13 @@ def prepare(
     counts = ", ".join(f"{split} {info['count']:,}" for split, info in manifest["splits"].items())
     resumed = f"; resumed, {result.reused_shards} shards kept from the interrupted run" if result.reused_shards else ""
     console.print(f"prepared {manifest['kind']} into {to}: {counts}{resumed}", soft_wrap=True)
+    if manifest["kind"] == "text":
+        from trainwise.text.prepare import summary_lines
+
+        for line in summary_lines(manifest):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
     skipped = manifest.get("skipped") or {}
-    if skipped.get("count"):
+    if skipped.get("count") and manifest["kind"] != "text":
         names = [s["file"] for s in skipped.get("files", [])][:5] or [f"row {r}" for r in skipped.get("rows", [])][:5]
         listed = f": {', '.join(names)}{' ...' if skipped['count'] > len(names) else ''}" if names else ""
         why = f" ({skipped['reason']})" if skipped.get("reason") else ""
@@ -90,6 +105,9 @@ def next_step(manifest: dict, to: Path) -> str:
 
     from trainwise.recipes import load_recipe
 
+    if manifest["kind"] == "text":
+        return (f"Next: trainwise train lm-gpt data.path={shlex.quote(str(to))} --out runs/{shlex.quote(Path(to).name)}"
+                f" (a small GPT; model.hf_config=gpt2 or model.hf=DIR for a Hugging Face model)")
     if manifest["kind"] == "interactions":
         return (f"Next: trainwise train shop-sasrec --out runs/sasrec data.path={shlex.quote(str(to))} "
                 "(or shop-din), then trainwise eval runs/sasrec --json.")

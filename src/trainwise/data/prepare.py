@@ -1,5 +1,5 @@
-"""`trainwise prepare SOURCE --to DIR`: raw images, tables or interaction logs → a checksummed, sharded,
-memory-mappable dataset (see shards.py for the layout).
+"""`trainwise prepare SOURCE --to DIR`: raw images, tables, interaction logs or text → a checksummed, sharded,
+memory-mappable dataset (see shards.py for the layout; text: text/prepare.py).
 
 The job is a list of shards fixed by the source and the options. Each finished shard is recorded in a
 progress journal, so a rerun after an interruption redoes only what is missing; a rerun whose source and
@@ -28,8 +28,10 @@ from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS,
                                    UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
                                    write_shard)
 from trainwise.errors import DataError
+from trainwise.text.corpus import looks_like_text
+from trainwise.text.prepare import prepare_text
 
-Kind = Literal["auto", "images", "table", "interactions"]
+Kind = Literal["auto", "images", "table", "interactions", "text"]
 SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
 SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
 
@@ -55,6 +57,10 @@ class PrepareOptions:
     last_k: int = 1
     event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
     session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
+    tokenizer: str | None = None         # text: `bytes` (default) or a tokenizer / model directory
+    train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
+    text_field: str = "text"             # text: the field of a JSONL record holding the document
+    seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -106,7 +112,8 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     if force:
         (to / PROGRESS).unlink(missing_ok=True)
     (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
-    build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions}[kind]
+    build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
+             "text": lambda job: prepare_text(job.to, job.source, job.options)}[kind]
     job = _Job(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
     manifest = build(job)
     manifest.update(kind=kind, source={"path": str(source.resolve()), "fingerprint": fingerprint},
@@ -133,12 +140,14 @@ def _intact_manifest(to: Path) -> dict[str, Any]:
 
 def detect_kind(source: Path, kind: str) -> str:
     if kind != "auto":
-        if kind not in ("images", "table", "interactions"):
-            raise DataError(f"--kind {kind!r}: use auto, images, table or interactions.")
-        if (kind == "images") != source.is_dir():
+        if kind not in ("images", "table", "interactions", "text"):
+            raise DataError(f"--kind {kind!r}: use auto, images, table, interactions or text.")
+        if kind != "text" and (kind == "images") != source.is_dir():
             raise DataError(f"--kind {kind}: {source} is a {'folder' if source.is_dir() else 'file'}; images come "
                             "as a folder of class sub-folders, tables and interaction logs as one file.")
         return kind
+    if looks_like_text(source):
+        return "text"
     if source.is_dir():
         return "images"
     suffix = source.suffix.lower()

@@ -121,6 +121,8 @@ def length_report(lengths: np.ndarray, seq_len: int | None = None) -> dict[str, 
     edges = [0] + [2 ** k for k in range(4, 17)] + [int(lengths.max()) + 1]
     edges = sorted(set(e for e in edges if e <= int(lengths.max()) + 1))
     counts, _ = np.histogram(lengths, bins=edges)
+    used = np.nonzero(counts)[0]
+    edges, counts = edges[used[0]:used[-1] + 2], counts[used[0]:used[-1] + 1]  # no empty rows at either end
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     whole = pack_ranges(offsets, length, split_documents=False)
     efficiency = float(lengths.sum()) / max(1, len(whole) * length)

@@ -12,7 +12,7 @@ reaches the weights and no `if torch.isfinite(...)` forces a sync.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -23,8 +23,12 @@ from trainwise.errors import ModelCallError, TrainwiseError
 from trainwise.runtime.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-MicroBatch = tuple[torch.Tensor, torch.Tensor]
+# `(inputs, targets)`, or a token batch: a dict of input_ids, labels (aligned with the outputs, -100 = no
+# loss), position_ids and optionally attention_mask, each [B, T] (text/packing.py)
+MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
 STEP_RANGE = "trainwise.train_step"
+IGNORE_INDEX = -100  # a label that carries no loss
+MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")  # what a token batch passes to the model
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,38 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
         return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of the token cross-entropies (in fp32) over the labels that are not -100."""
+    return nn.functional.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                       reduction="sum")
+
+
+def is_token_batch(batch: object) -> bool:
+    return isinstance(batch, Mapping)
+
+
+def model_logits(outputs: object) -> torch.Tensor:
+    """A language model's logits: the tensor it returned, or its output object's `.logits`."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs  # type: ignore[return-value]
+
+
+def call_model(forward: Callable, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """`forward(input_ids=..., position_ids=..., [attention_mask=...])`; never the labels: the engine computes
+    the loss itself."""
+    return model_logits(forward(**{key: batch[key] for key in MODEL_INPUTS if key in batch}))
+
+
+def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """The step's tokens that carry loss, over every micro-batch and every rank: counted where the labels are
+    (host memory: no device work), moved without waiting, summed over the ranks by a collective (no host sync)."""
+    count = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches)
+    count = torch.as_tensor(count).to(device, non_blocking=True).float()
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(count)
+    return count
 
 
 def model_loss(model: nn.Module, loss_fn: LossFn) -> LossFn:
@@ -108,6 +144,7 @@ class TrainStep:
         self.clipped = dense_gradient_parameters(self.parameters, model)
         self.device_skip = supports_device_skip(optimizer)
         self.model_name = model_name or type(model).__name__  # for messages about the user's model
+        self.token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_loss_sum  # token batches
         self.steps_done = 0
 
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
@@ -119,6 +156,8 @@ class TrainStep:
         """Forward/backward of every micro-batch (gradients add up); the step's loss, detached.
         `local`: through the plain model, so no DDP hook runs and the gradients stay on this rank until the
         caller reduces them (the guarded steps of train/recovery.py)."""
+        if micro_batches and is_token_batch(micro_batches[0]):
+            return self.accumulate_tokens(micro_batches, local=local)  # type: ignore[arg-type]
         loss = torch.zeros((), device=self.device)
         for index, (inputs, targets) in enumerate(micro_batches):
             loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1, local=local)
@@ -140,6 +179,31 @@ class TrainStep:
                 del outputs  # held by the graph as needed; this name must not keep it past backward
             self.scaler.scale(loss).backward()
         return loss.detach()
+
+    def accumulate_tokens(self, micro_batches: Sequence[Mapping[str, torch.Tensor]], *,
+                          local: bool = False) -> torch.Tensor:
+        """Token batches: the loss is the sum of every token's cross-entropy over all micro-batches and ranks,
+        divided once by their count of label tokens; so micro-batches (and ranks) with fewer real tokens
+        weigh less, and accumulation gives the gradient of one big batch. Each rank scales by the world size
+        because DDP and FSDP average the ranks' gradients. Returns the step's mean token loss (averaged over
+        the ranks by the log record, it is the job's)."""
+        world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
+            torch.distributed.is_initialized() else 1
+        scale = world / label_count(micro_batches, self.device).clamp(min=1)
+        loss = torch.zeros((), device=self.device)
+        forward = self.model if local else self.forward
+        for index, batch in enumerate(micro_batches):
+            batch = {key: self.to_device(value) for key, value in batch.items()}
+            last = index == len(micro_batches) - 1
+            with self.no_sync() if self.no_sync is not None and not (last or local) else nullcontext():
+                with autocast(self.precision, self.device):
+                    logits = self._call("the forward", call_model, forward, batch, inputs=batch["input_ids"])
+                    total = self._call("the loss", self.token_loss, logits, batch["labels"],
+                                       inputs=batch["input_ids"]) * scale
+                    del logits
+                self.scaler.scale(total).backward()
+            loss += total.detach()
+        return loss
 
     def _call(self, what: str, function: Callable, *args, inputs: torch.Tensor | None = None):
         """Call the model or the loss; what they raise on a real batch is reported as the user's to fix,

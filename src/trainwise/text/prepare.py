@@ -1,0 +1,146 @@
+"""`trainwise prepare CORPUS --to DIR` for raw text: documents → tokens → checksummed token shards.
+
+Split by document (a document never straddles train and val), so validation measures text the model never
+saw; a source of one document is split by position instead (its first 80% trains), and says so. The
+tokenizer is the byte-level one by default, a BPE trained here on the training documents
+(`--train-tokenizer 8000`), or a model directory's (`--tokenizer DIR`); it is saved beside the shards and
+its fingerprint is in the manifest. Documents that cannot be read are named in the manifest and skipped.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainwise.data.shards import SPLITS
+from trainwise.errors import DataError
+from trainwise.text.corpus import Document, read_documents
+from trainwise.text.packing import length_report
+from trainwise.text.tokenizer import Tokenizer, resolve_tokenizer
+from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
+
+if TYPE_CHECKING:
+    from trainwise.data.prepare import PrepareOptions
+
+ENCODE_BATCH = 256  # documents encoded in one call (the `tokenizers` library parallelises a batch)
+SKIPPED_LISTED = 1000  # skipped documents named in the manifest; the rest are counted
+
+
+def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
+    """Write the token shards and tokenizer of `source` into `to`; the manifest's text-specific fields."""
+    from trainwise.data.prepare import check_free_space
+    from trainwise.data.splits import split_codes
+
+    names, chars, skipped = _survey(source, options.text_field)
+    if not names:
+        listed = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:5])
+        raise DataError(f"{source}: no usable document ({len(skipped)} skipped{': ' + listed if listed else ''}).")
+    by_position = len(names) == 1
+    codes = np.zeros(1, np.int8) if by_position else split_codes(None, len(names), options)
+    tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer,
+                                  _texts(_pieces(source, options, codes, by_position), "train"))
+    dtype = token_dtype(tokenizer.vocab_size)
+    check_free_space(to, chars * dtype.itemsize)  # at most one token per byte of text (byte-level)
+    tokenizer.save(to / TOKENIZER_DIR)
+    writers = {split: TokenSplitWriter(to, split, dtype, eos_id=tokenizer.eos_id) for split in SPLITS}
+    _encode_into(writers, _pieces(source, options, codes, by_position), tokenizer)
+    splits, files = {}, {}
+    for split, writer in writers.items():
+        splits[split], side = writer.close()
+        files.update(side)
+    lengths = np.diff(np.asarray(writers["train"].offsets))
+    notes = ["one document: split by position (the first part trains, the last parts validate and test)"] \
+        if by_position else []
+    return {"task": "causal_lm", "schema": text_schema(dtype, False), "splits": splits, "files": files,
+            "tokenizer": tokenizer.describe(), "lengths": length_report(lengths, options.seq_len), "notes": notes,
+            "skipped": {"count": len(skipped), "files": skipped[:SKIPPED_LISTED]}}
+
+
+def _survey(source: Path, text_field: str) -> tuple[list[str], int, list[dict[str, str]]]:
+    """The usable documents' names, their total size in bytes, and the skipped ones with the reason."""
+    names, size, skipped = [], 0, []
+    for document in read_documents(source, text_field):
+        if document.text is None:
+            skipped.append({"file": document.name, "reason": document.problem or "unreadable"})
+        else:
+            names.append(document.name)
+            size += len(document.text.encode("utf-8", errors="replace"))
+    return names, size, skipped
+
+
+def _pieces(source: Path, options: "PrepareOptions", codes: np.ndarray, by_position: bool
+            ) -> Iterator[tuple[str, Document]]:
+    """(split, document) for every usable document, in source order."""
+    usable = (d for d in read_documents(source, options.text_field) if d.text is not None)
+    if by_position:
+        yield from _split_by_position(next(usable), options.val_fraction, options.test_fraction)
+        return
+    for code, document in zip(codes.tolist(), usable):
+        yield SPLITS[code], document
+
+
+def _split_by_position(document: Document, val_fraction: float, test_fraction: float
+                       ) -> Iterator[tuple[str, Document]]:
+    """One document cut at line breaks near the split fractions."""
+    text = document.text or ""
+    cuts = [0]
+    for share in (1 - val_fraction - test_fraction, 1 - test_fraction):
+        at = int(len(text) * share)
+        newline = text.find("\n", at)
+        cuts.append(max(cuts[-1], newline + 1 if 0 <= newline < at + 1000 else at))
+    cuts.append(len(text))
+    for split, start, end in zip(SPLITS, cuts[:-1], cuts[1:]):
+        if text[start:end].strip():
+            yield split, Document(f"{document.name}[{split}]", text[start:end])
+
+
+def _texts(pieces: Iterator[tuple[str, Document]], split: str) -> Iterator[str]:
+    return (document.text or "" for where, document in pieces if where == split)
+
+
+def _encode_into(writers: dict[str, TokenSplitWriter], pieces: Iterator[tuple[str, Document]],
+                 tokenizer: Tokenizer) -> None:
+    batch: list[tuple[str, Document]] = []
+    for piece in pieces:
+        batch.append(piece)
+        if len(batch) == ENCODE_BATCH:
+            _write_batch(writers, batch, tokenizer)
+            batch = []
+    _write_batch(writers, batch, tokenizer)
+
+
+def _write_batch(writers: dict[str, TokenSplitWriter], batch: list[tuple[str, Document]],
+                 tokenizer: Tokenizer) -> None:
+    if not batch:
+        return
+    for (split, _), ids in zip(batch, tokenizer.encode_batch([d.text or "" for _, d in batch])):
+        writers[split].add(ids)
+
+
+def summary_lines(manifest: dict[str, Any]) -> list[str]:
+    """What `prepare` prints for text: tokens per split, the tokenizer, the length histogram and what it
+    suggests, and the skipped documents by name."""
+    tokenizer, lengths = manifest["tokenizer"], manifest["lengths"]
+    lines = [", ".join(f"{split} {info['count']:,} tokens in {info.get('documents', 0):,} documents"
+                       for split, info in manifest["splits"].items()),
+             f"tokenizer: {tokenizer['kind']}, {tokenizer['vocab_size']:,} ids (fingerprint "
+             f"{tokenizer['fingerprint'][:12]})"]
+    lines += manifest.get("notes", [])
+    if lengths.get("documents"):
+        widest = max(count for _, _, count in lengths["histogram"]) or 1
+        lines.append(f"document length (training split, tokens): median {lengths['median']:,.0f}, 90% under "
+                     f"{lengths['p90']:,.0f}, longest {lengths['max']:,}")
+        for low, high, count in lengths["histogram"]:
+            lines.append(f"  {low:>7,}-{high - 1:<7,} {'#' * max(1 if count else 0, round(30 * count / widest)):<30} "
+                         f"{count:,}")
+        lines.append(f"context length {lengths['seq_len']:,} (suggested {lengths['suggested_seq_len']:,}, set with "
+                     f"data.seq_len): {lengths['truncated_share']:.1%} of documents longer (cut into pieces), "
+                     f"packing efficiency {lengths['packing_efficiency']:.1%} with whole documents")
+    skipped = manifest.get("skipped", {})
+    for entry in skipped.get("files", [])[:10]:
+        lines.append(f"skipped {entry['file']}: {entry['reason']}")
+    if skipped.get("count", 0) > 10:
+        lines.append(f"... and {skipped['count'] - 10} more skipped (all listed in manifest.json)")
+    return lines
