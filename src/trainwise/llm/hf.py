@@ -1,0 +1,137 @@
+"""Hugging Face causal LMs: resolve what the user named to a config, build the model, load local weights.
+
+    config = resolve_config("llama-3.1-8b")          # catalogue name | config.json path | model directory
+    model = build_model(config, device="meta", dtype=torch.bfloat16)   # no memory on meta: for plans
+    model = load_pretrained("/models/my-llama", dtype=torch.bfloat16)  # local weights, never the network
+
+transformers is imported inside the functions (optional extra); torch is imported lazily too, so the plan
+command's help does not pay for it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwise.errors import ConfigError
+from trainwise.llm import catalogue
+from trainwise.llm.optional import require
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16"}
+# The attention implementation trainwise builds with: PyTorch's scaled_dot_product_attention (traces on fake
+# tensors, no [T x T] score matrix on the fused kernels); families transformers has no sdpa path for (Gemma-2's
+# logit soft-capping) fall back to "eager", whose score matrices the plan then counts, as training would hold them.
+ATTENTION = "sdpa"
+FALLBACK_ATTENTION = "eager"
+
+
+def torch_dtype(name: "str | torch.dtype") -> "torch.dtype":
+    """`"bf16"` / `"bfloat16"` / a torch.dtype -> torch.dtype."""
+    import torch
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}: use one of fp32, bf16, fp16")
+    return getattr(torch, DTYPES[name])
+
+
+def looks_like_config_spec(spec: str) -> bool:
+    """Whether `spec` names an LM config: a catalogue name, a config.json file, or a directory holding one."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return (path / "config.json").is_file()
+    if path.is_file():
+        return path.suffix == ".json"
+    return catalogue.canonical_name(spec) is not None
+
+
+def config_dict(spec: str) -> dict[str, Any]:
+    """The config.json fields `spec` names (catalogue name, config.json path, or model directory)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{spec} is a directory without a config.json: give a Hugging Face model directory, "
+                              f"a config.json path, or a catalogue name such as llama-3.1-8b")
+    if path.is_file():
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read the model config {path}: {exc}") from None
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise ConfigError(f"{path} is not a Hugging Face model config: it has no 'model_type' field")
+        return fields
+    if "/" in spec or spec.endswith(".json"):
+        found = catalogue.canonical_name(spec)
+        if found is None:
+            raise ConfigError(f"{spec} does not exist (no such file or directory, and not a catalogue name). "
+                              f"trainwise never downloads: give a local path or a catalogue name.")
+    return catalogue.lookup(spec).config
+
+
+def resolve_config(spec: "str | dict[str, Any]", **overrides: Any):
+    """A transformers config from a catalogue name, config.json path, model directory, or config dict.
+
+    `overrides` replace config fields (e.g. `num_hidden_layers=2` for a small test model)."""
+    transformers = require("transformers", "building a Hugging Face model")
+    fields = dict(config_dict(spec) if isinstance(spec, str) else spec)
+    fields.update(overrides)
+    if "vocab_size" in overrides:  # a shrunk test vocabulary: special ids beyond it would only warn
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if isinstance(fields.get(key), int) and fields[key] >= overrides["vocab_size"]:
+                fields[key] = None
+    model_type = fields.pop("model_type", None)
+    for unused in ("architectures", "transformers_version", "_name_or_path", "auto_map"):
+        fields.pop(unused, None)
+    if "torch_dtype" in fields:  # transformers 5 calls it `dtype`; it is the published weights' dtype only
+        fields.setdefault("dtype", fields.pop("torch_dtype"))
+    try:
+        return transformers.AutoConfig.for_model(model_type, **fields)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"transformers {transformers.__version__} cannot build a config of model_type "
+                          f"{model_type!r}: {exc}. Upgrading transformers may add it.") from None
+
+
+def build_model(config, device: "str | torch.device" = "meta", dtype: "str | torch.dtype" = "float32") -> "nn.Module":
+    """A randomly initialised causal LM from `config`, its parameters in `dtype` on `device`.
+
+    On `meta` nothing is allocated (shapes only): the planner builds there, then traces on fake tensors."""
+    import torch
+    transformers = require("transformers", "building a Hugging Face model")
+    for attention in (ATTENTION, FALLBACK_ATTENTION):
+        try:
+            with torch.device(device):
+                return transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype),
+                                                                     attn_implementation=attention)
+        except ValueError as exc:
+            if attention == FALLBACK_ATTENTION or "attention" not in str(exc):
+                raise ConfigError(f"transformers cannot build {type(config).__name__}: {exc}") from None
+    raise AssertionError("unreachable")
+
+
+def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu",
+                    dtype: "str | torch.dtype" = "float32", **kwargs: Any) -> "nn.Module":
+    """The causal LM saved in the local directory (config.json + *.safetensors); never touches the network.
+
+    `kwargs` go to `from_pretrained` (e.g. `quantization_config` for QLoRA)."""
+    transformers = require("transformers", "loading a Hugging Face model")
+    path = Path(directory).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.hf={directory}: not a Hugging Face model directory (no config.json there)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ConfigError(f"model.hf={directory} has a config.json but no weights (*.safetensors). To train from "
+                          f"random initialisation use model.hf_config={directory} instead.")
+    for attention in (ATTENTION, FALLBACK_ATTENTION):
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=torch_dtype(dtype), device_map=None if str(device) == "cpu" else {"": str(device)},
+                local_files_only=True, attn_implementation=attention, **kwargs)
+        except (OSError, ValueError) as exc:
+            if attention == FALLBACK_ATTENTION or "scaled_dot_product_attention" not in str(exc):
+                raise ConfigError(f"cannot load the model in {directory}: {exc}") from None
+    raise AssertionError("unreachable")
