@@ -100,6 +100,6 @@ def test_over_long_samples_are_truncated_from_the_prompt_side_or_dropped_and_cou
     assert stats.lengths == [len(sample), limit, len(sample)] and len(samples[0]) == limit
     _, stats = encode_all([CHAT, short], template, bpe, max_tokens=limit, too_long="drop")
     assert (stats.samples, stats.dropped_too_long) == (1, 1)
-    assert 0 < stats.loss_share < 1 and sum(c for _, c in stats.histogram()) == 2
+    assert 0 < stats.loss_share < 1 and len(stats.lengths) == 2
     with pytest.raises(DataError, match="no sample is left"):
         encode_all([CHAT], template, bpe, max_tokens=4, too_long="drop")

@@ -51,6 +51,15 @@ def prepare(
     text_field: str = typer.Option("text", help="Text: the field of each JSONL record that holds the document."),
     seq_len: Optional[int] = typer.Option(None, help="Text: the context length to report truncation and packing "
                                           "for (default: suggested from the document lengths)."),
+    chat_format: str = typer.Option("auto", "--format", help="Instruction data: alpaca (instruction/input/"
+                                    "output), sharegpt (conversations of from/value) or messages (OpenAI-style "
+                                    "role/content); auto detects it from the first row."),
+    template: Optional[str] = typer.Option(None, help="Instruction data: a built-in chat template (chatml, "
+                                           "llama3, plain) instead of the tokenizer's own."),
+    too_long: str = typer.Option("truncate", help="Instruction data longer than --seq-len: truncate (drop the "
+                                 "prompt's oldest tokens, keeping the last answer whole) or drop."),
+    mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Instruction data: only the "
+                                     "assistant's tokens carry loss (--no-mask-prompt: every token, an ablation)."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -63,7 +72,8 @@ def prepare(
                              user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
                              split=split, last_k=last_k, event_col=event_col, session_gap=session_gap,
                              tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
-                             seq_len=seq_len)
+                             seq_len=seq_len, chat_format=chat_format, template=template, too_long=too_long,
+                             mask_prompt=mask_prompt)
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)
@@ -83,7 +93,12 @@ def prepare(
     if manifest["kind"] == "text":
         from trainwise.text.prepare import summary_lines
 
-        for line in summary_lines(manifest):
+        lines = summary_lines(manifest)
+        if "instruct" in manifest:
+            from trainwise.text.instruct_prepare import summary_lines as instruct_lines
+
+            lines += instruct_lines(manifest)
+        for line in lines:
             console.print(line, soft_wrap=True, highlight=False, markup=False)
     skipped = manifest.get("skipped") or {}
     if skipped.get("count") and manifest["kind"] != "text":

@@ -61,6 +61,10 @@ class PrepareOptions:
     train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
     text_field: str = "text"             # text: the field of a JSONL record holding the document
     seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
+    chat_format: str = "auto"            # instruction data: auto | alpaca | sharegpt | messages
+    template: str | None = None          # instruction data: a built-in chat template; None: the tokenizer's
+    too_long: str = "truncate"           # instruction data: over seq_len, truncate the prompt or drop
+    mask_prompt: bool = True             # instruction data: only the assistant's tokens carry loss
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -75,6 +79,10 @@ class PrepareOptions:
             raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
         if self.session_gap is not None:
             interaction_kind.parse_duration(self.session_gap)
+        if self.too_long not in ("truncate", "drop"):
+            raise DataError(f"--too-long {self.too_long!r}: use truncate (cut the prompt's start) or drop.")
+        if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages"):
+            raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt or messages.")
 
 
 @dataclass
@@ -113,7 +121,7 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
         (to / PROGRESS).unlink(missing_ok=True)
     (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
     build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
-             "text": lambda job: prepare_text(job.to, job.source, job.options)}[kind]
+             "text": _prepare_text_or_chat}[kind]
     job = _Job(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
     manifest = build(job)
     manifest.update(kind=kind, source={"path": str(source.resolve()), "fingerprint": fingerprint},
@@ -123,6 +131,15 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     _remove_stale_files(to, read_manifest(to))
     status = "resumed" if job.reused else "prepared"
     return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings)
+
+
+def _prepare_text_or_chat(job: "_Job") -> dict[str, Any]:
+    """Instruction data (alpaca / sharegpt / messages JSONL, or --format named) or raw text."""
+    from trainwise.text.instruct_prepare import looks_like_chat, prepare_chat
+
+    if job.options.chat_format != "auto" or looks_like_chat(job.source):
+        return prepare_chat(job.to, job.source, job.options)
+    return prepare_text(job.to, job.source, job.options)
 
 
 def _intact_manifest(to: Path) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from trainwise.text.chat_templates import ChatTemplate
 
 IGNORE_INDEX = -100
 TooLong = Literal["truncate", "drop"]
-HISTOGRAM_EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True)
@@ -40,25 +39,16 @@ class EncodeStats:
     dropped_no_answer: int = 0
     tokens: int = 0
     loss_tokens: int = 0
-    lengths: list[int] = field(default_factory=list)  # before truncation: what the data asks for
+    lengths: list[int] = field(default_factory=list)  # before truncation: what the data asks for (histogram)
 
     @property
     def loss_share(self) -> float:
         return self.loss_tokens / self.tokens if self.tokens else 0.0
 
-    def histogram(self) -> list[tuple[str, int]]:
-        """Sample lengths (in tokens, before truncation) in power-of-two buckets."""
-        counts = [0] * (len(HISTOGRAM_EDGES) + 1)
-        for n in self.lengths:
-            counts[next((i for i, edge in enumerate(HISTOGRAM_EDGES) if n <= edge), len(HISTOGRAM_EDGES))] += 1
-        labels = [f"<= {e}" for e in HISTOGRAM_EDGES] + [f"> {HISTOGRAM_EDGES[-1]}"]
-        return [(label, c) for label, c in zip(labels, counts) if c]
-
     def as_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "truncated": self.truncated, "dropped_too_long": self.dropped_too_long,
                 "dropped_no_answer": self.dropped_no_answer, "tokens": self.tokens,
-                "loss_tokens": self.loss_tokens, "loss_share": round(self.loss_share, 4),
-                "length_histogram": dict(self.histogram())}
+                "loss_tokens": self.loss_tokens, "loss_share": round(self.loss_share, 4)}
 
 
 def encode_conversation(conversation: Conversation | list[dict[str, str]], template: ChatTemplate,

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.atomic import atomic_write_bytes
-from trainwise.data.shards import read_manifest, write_manifest
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation, ReadResult, Turn, read_chat_files
 from trainwise.text.chat_templates import BUILTIN_TEMPLATES, ChatTemplate, JinjaTemplate, choose_template
 from trainwise.text.instruct import EncodeStats, TooLong, encode_all
+from trainwise.text.packing import length_report
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
 
 
@@ -29,19 +29,50 @@ from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, 
 class InstructOptions:
     format: str = "auto"          # auto | alpaca | sharegpt | messages
     template: str | None = None   # a built-in name, or None: the tokenizer's own chat template
-    seq_len: int = 1024           # the longest sample kept (tokens)
+    seq_len: int = 2048           # the longest sample kept (tokens)
     too_long: TooLong = "truncate"
     mask_prompt: bool = True      # False: every token carries loss (an ablation, reported as such)
     val_fraction: float = 0.1
     test_fraction: float = 0.0
     seed: int = 0
 
+    @classmethod
+    def from_prepare(cls, options: Any) -> "InstructOptions":
+        """From `trainwise prepare`'s options (data/prepare.py's PrepareOptions)."""
+        return cls(format=options.chat_format, template=options.template, seq_len=options.seq_len or 2048,
+                   too_long=options.too_long, mask_prompt=options.mask_prompt, val_fraction=options.val_fraction,
+                   test_fraction=options.test_fraction, seed=options.seed)
+
 
 @dataclass
 class InstructResult:
-    manifest: dict[str, Any]
+    fields: dict[str, Any]  # the manifest's fields (data/prepare.py adds kind, source and options)
     read: ReadResult
     stats: dict[str, EncodeStats]
+
+
+def chat_files(source: Path) -> list[Path]:
+    """The JSONL files of an instruction source (a file, or a folder of them)."""
+    if source.is_file():
+        return [source]
+    return sorted(p for p in source.rglob("*.jsonl") if p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(source).parts))
+
+
+def looks_like_chat(source: Path) -> bool:
+    """JSONL whose first row is alpaca, sharegpt or messages (so `prepare` needs no --kind)."""
+    files = [p for p in chat_files(source) if p.suffix.lower() == ".jsonl"] if source.exists() else []
+    if not files:
+        return False
+    with open(files[0], "rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    row = json.loads(raw)
+                    return isinstance(row, dict) and bool({"messages", "conversations", "instruction"} & set(row))
+                except ValueError:
+                    return False
+    return False
 
 
 def conversations_file(split: str) -> str:
@@ -84,10 +115,19 @@ def template_from_record(record: dict[str, Any], tokenizer: Any) -> ChatTemplate
     return choose_template(None, tokenizer)
 
 
-def prepare_instructions(sources: list[Path], out: Path, tokenizer: Any,
-                         options: InstructOptions) -> InstructResult:
-    """Read, render, mask, split and write; returns the manifest and the counts `prepare` prints."""
-    read = read_chat_files(sources, options.format)
+def prepare_chat(to: Path, source: Path, options: Any) -> dict[str, Any]:
+    """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields."""
+    from trainwise.text.tokenizer import resolve_tokenizer
+
+    instruct = InstructOptions.from_prepare(options)
+    read = read_chat_files(chat_files(source), instruct.format)
+    texts = (m["content"] for c in read.conversations for m in c.as_messages())
+    tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts)
+    return prepare_instructions(read, to, tokenizer, instruct).fields
+
+
+def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: InstructOptions) -> InstructResult:
+    """Render, mask, split and write conversations already read; the manifest's fields and the counts."""
     template = choose_template(options.template, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
@@ -103,16 +143,20 @@ def prepare_instructions(sources: list[Path], out: Path, tokenizer: Any,
         if split != "train":
             files.update(_write_conversations(out, split, conversations))
     tokenizer.save(out / TOKENIZER_DIR)
-    manifest = {
-        "kind": "text", "task": "causal_lm", "schema": text_schema(dtype, with_loss_mask=True),
-        "splits": entries, "files": files, "tokenizer": tokenizer.describe(),
+    fields = {
+        "task": "causal_lm", "schema": text_schema(dtype, with_loss_mask=True), "splits": entries, "files": files,
+        "tokenizer": tokenizer.describe(), "lengths": length_report(stats["train"].lengths, options.seq_len),
+        "notes": [], "skipped": {"count": read.skipped, "files": [_skipped(p) for p in read.problems[:1000]]},
         "instruct": {"format": read.format, "template": template_record(template), "seq_len": options.seq_len,
                      "too_long": options.too_long, "mask_prompt": options.mask_prompt,
-                     "skipped_rows": read.problems[:100], "skipped_count": read.skipped,
                      "stats": {split: s.as_dict() for split, s in stats.items()}},
     }
-    write_manifest(out, manifest)
-    return InstructResult(read_manifest(out), read, stats)
+    return InstructResult(fields, read, stats)
+
+
+def _skipped(problem: str) -> dict[str, str]:
+    where, _, why = problem.partition(": ")
+    return {"file": where, "reason": why}
 
 
 def read_held_out(directory: str | Path, split: str = "val") -> list[Conversation]:
@@ -127,15 +171,13 @@ def read_held_out(directory: str | Path, split: str = "val") -> list[Conversatio
     return out
 
 
-def describe_stats(result: InstructResult) -> list[str]:
-    """The lines `prepare` prints: loss share, truncation, and the length histogram of the training split."""
-    train = result.stats["train"]
-    lines = [f"{result.read.format}: {len(result.read.conversations):,} conversations"
-             + (f", {result.read.skipped} rows skipped" if result.read.skipped else ""),
-             f"tokens carrying loss (assistant answers): {train.loss_share:.1%} of {train.tokens:,} training tokens",
-             f"over {result.manifest['instruct']['seq_len']} tokens: {train.truncated} truncated from the prompt side, "
-             f"{train.dropped_too_long} dropped"]
-    lines.append("sample lengths (tokens): " + ", ".join(f"{label}: {count}" for label, count in train.histogram()))
-    if result.read.problems:
-        lines.append("skipped rows:\n" + result.read.problem_summary())
-    return lines
+def summary_lines(manifest: dict[str, Any]) -> list[str]:
+    """What `prepare` prints for instruction data, after the text lines (tokens, tokenizer, histogram)."""
+    instruct = manifest["instruct"]
+    train = instruct["stats"]["train"]
+    template = instruct["template"]["name"]
+    return [f"instruction data ({instruct['format']}), chat template {template}: {train['samples']:,} training "
+            f"samples; tokens carrying loss (assistant answers): {train['loss_share']:.1%}"
+            + ("" if instruct["mask_prompt"] else " (prompt masking off: every token trains)"),
+            f"longer than {instruct['seq_len']:,} tokens: {train['truncated']} truncated from the prompt side, "
+            f"{train['dropped_too_long']} dropped (--too-long {instruct['too_long']})"]
