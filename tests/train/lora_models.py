@@ -18,12 +18,12 @@ class TwoLayer(nn.Module):
         return self.head(torch.relu(self.body(x)))
 
 
-def lora_mlp(data_spec, base_seed: int = 7, rank: int = 4, dropout: float = 0.1):
+def lora_mlp(data_spec, base_seed: int = 7, rank: int = 4, dropout: float = 0.1, train_head: bool = True):
     from peft import LoraConfig, get_peft_model
 
     with torch.random.fork_rng():
         torch.manual_seed(base_seed)
         base = TwoLayer(data_spec.input_shape[0], data_spec.num_classes)
     config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=["body"],
-                        modules_to_save=["head"])
+                        modules_to_save=["head"] if train_head else None)
     return get_peft_model(base, config)

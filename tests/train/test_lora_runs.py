@@ -82,3 +82,17 @@ def test_evaluate_puts_the_adapter_on_the_rebuilt_base_and_refuses_another_base(
             evaluate_run(straight.path, split="test", checkpoint="final", trust_code=True)
     finally:
         other.write_config(config)
+
+
+@pytest.mark.parametrize("lr,code", [(2e-4, "overfit_probe"), (0.0, "overfit_probe_failed")])
+def test_the_sanity_probe_judges_adapters_by_their_wiring_not_a_full_models_pace(lr, code):
+    """At a fine-tuning LR a rank-4 adapter cannot memorise a batch in 40 steps: no false warning; a wiring
+    fault (here LR 0: nothing moves) is still an error."""
+    from trainwise.check.sanity import sanity_check
+    from trainwise.recipes.factories import build_data
+
+    config = lora_config(train_head=False)
+    config = config.model_copy(update={"optim": config.optim.model_copy(update={"lr": lr})})
+    probe = [f for f in sanity_check(config, build_data(config)) if f.code.startswith("overfit")][0]
+    assert probe.code == code, probe.title
+    assert probe.evidence["frozen_base"] and probe.evidence["run_lr"] == lr
