@@ -35,7 +35,7 @@ from common import write_result  # noqa: E402
 
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data, build_model  # noqa: E402
-from trainwise.run import RunDir  # noqa: E402
+from trainwise.rundir.layout import RunDir  # noqa: E402
 from trainwise.train.host_syncs import HostSyncCounter  # noqa: E402
 from trainwise.train.optim import parameter_groups  # noqa: E402
 from trainwise.train.run import build_trainer, seed_everything  # noqa: E402

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainwise import run_replace
+from trainwise.rundir import replace as run_replace
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from tests.conftest import assert_refused, invoke
 
 FAST = ["train.max_steps=3", "schedule.warmup_steps=0", "train.sanity=false", "telemetry.enabled=false"]

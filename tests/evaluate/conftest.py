@@ -5,7 +5,7 @@ import pytest
 
 from tests.evaluate.fake_run import make_fake_run
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 TINY = ["train.max_steps=30", "eval.every_steps=10", "telemetry.enabled=false", "train.log_every=5"]
 

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import tiny_config
 from trainwise.errors import RunDirError
 from trainwise.evaluate.run_eval import evaluate_run, load_weights
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 pytestmark = pytest.mark.slow  # one tiny fsdp training run (~10 s of CPU), shared by the module
 

@@ -12,7 +12,7 @@ from tests.conftest import finish_job
 from trainwise.errors import ConfigError
 from trainwise.plan import auto_micro_batch
 from trainwise.plan.auto_micro_batch import EVENT_KIND, choose_micro_batch, resolve_micro_batch
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.run import train_run
 
 

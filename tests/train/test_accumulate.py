@@ -2,7 +2,7 @@
 import torch
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.run import build_trainer
 
 

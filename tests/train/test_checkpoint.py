@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_config
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import capture_rng, read_checkpoint, restore_rng
 from trainwise.train.run import build_trainer
 

@@ -1,7 +1,7 @@
 import torch
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.run import build_trainer, resume_run

@@ -10,7 +10,7 @@ from tests.conftest import tiny_config
 from trainwise import Trainer
 from trainwise.data.bundle import DataSpec
 from trainwise.recipes.models import cnn
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 class SlowDataset(Dataset):

@@ -6,7 +6,7 @@ import errno
 import pytest
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.run import build_trainer
 

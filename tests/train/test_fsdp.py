@@ -19,7 +19,7 @@ from torch import nn
 
 from tests.conftest import finish_job, invoke, start_torchrun, tiny_config
 from trainwise.errors import ConfigError, RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.distributed import Ranks, resolve_strategy
 from trainwise.train.fsdp import fsdp_blocks
 

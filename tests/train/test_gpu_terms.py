@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from tests.conftest import stop_at, ROOT, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ConfigError, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.inference import predict
 from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW
@@ -141,7 +141,7 @@ SIGNAL_IN_LOG_WRITE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
     from trainwise.train.run import build_trainer
 
     class LockThatSignals:

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import stop_at, tiny_config
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
-from trainwise.train.checkpoint import read_checkpoint
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.checkpoint_files import read_checkpoint
 from trainwise.train.run import build_trainer, train_run
 
 pytest.importorskip("peft")

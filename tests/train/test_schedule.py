@@ -4,7 +4,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainwise.config import ScheduleConfig
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.run import build_trainer
 from trainwise.train.schedule import WarmupDecay, lr_factor
 

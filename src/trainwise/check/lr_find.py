@@ -26,14 +26,14 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwise.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
+from trainwise.rundir.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
 from trainwise.config import RunConfig
 from trainwise.data.loader import LoaderSettings, build_loader
 from trainwise.diagnose.lr_curve import (MAX_STEPS, MIN_STEPS, READ_EVERY, LrFindResult, SweepSettings,  # noqa: F401
                                         curve_note, default_steps, divergence_index, finite_json, lr_at, render_png,
                                         smooth, suggest_lr)
 from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
 from trainwise.train.optim import build_optimizer
 from trainwise.runtime.precision import make_scaler, resolve_precision

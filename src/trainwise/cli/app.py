@@ -200,7 +200,7 @@ def _exit_code_of_the_run(path: Path) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        from trainwise.run import RunDir
+        from trainwise.rundir.layout import RunDir
 
         try:
             summary = RunDir(path).read_summary()

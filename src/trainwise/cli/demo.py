@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.run import train_run
 
 

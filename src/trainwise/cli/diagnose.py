@@ -45,7 +45,7 @@ def diagnose(
     or without findings; 2 when RUN is not a run directory or has no metrics yet."""
     from trainwise.findings import worst_first
     from trainwise.diagnose.run_rules import diagnose_run
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
     run = RunDir.open(run_dir)
     findings = diagnose_run(run)

@@ -1,4 +1,4 @@
-"""CLI commands of this room (eval, report, compare, ablate); cli.py calls register(app)."""
+"""`trainwise eval`, `report`, `compare`, `ablate`; cli/app.py calls register(app)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""CLI commands of this room (recommend); cli.py calls register(app)."""
+"""`trainwise recommend`; cli/app.py calls register(app)."""
 from __future__ import annotations
 
 import json

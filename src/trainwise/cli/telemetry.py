@@ -1,4 +1,4 @@
-"""CLI commands of this room; cli.py calls register(app)."""
+"""`trainwise monitor`; cli/app.py calls register(app)."""
 from __future__ import annotations
 
 from pathlib import Path

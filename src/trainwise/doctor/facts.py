@@ -146,7 +146,7 @@ def facts_from_dict(raw: dict[str, Any]) -> Facts:
 
 
 def save_facts(facts: Facts, path: str | os.PathLike) -> Path:
-    from trainwise.atomic import atomic_write_text
+    from trainwise.rundir.atomic import atomic_write_text
 
     return atomic_write_text(path, json.dumps(facts_to_dict(facts), indent=2) + "\n")
 

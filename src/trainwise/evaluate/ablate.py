@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.atomic import atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.config import RunConfig, metric_mode
 from trainwise.errors import ConfigError, RunDirError, TrainingError, TrainwiseError
 from trainwise.evaluate.ablation_stats import summarise_variants
 from trainwise.evaluate.run_eval import evaluate_run, read_eval
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 # Switches the built-in recipes expose, with the override that turns each one off: `--vary augmentation`.
 SWITCHES = {

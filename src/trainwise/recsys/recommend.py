@@ -24,9 +24,9 @@ class Recommender:
     """A trained recommender run, loaded once: its model, its users' histories and the id mapping."""
 
     def __init__(self, run_path: str | Path, checkpoint: str = "best"):
-        from trainwise.evaluate.run_eval import load_weights
+        from trainwise.rundir.weights import load_weights
         from trainwise.recipes.factories import build_data, build_model
-        from trainwise.run import RunDir
+        from trainwise.rundir.layout import RunDir
 
         run = RunDir.open(run_path)
         config = run.read_config()

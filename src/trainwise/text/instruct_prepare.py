@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.atomic import atomic_write_bytes
+from trainwise.rundir.atomic import atomic_write_bytes
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation, ReadResult, Turn, read_chat_files
 from trainwise.text.chat_templates import BUILTIN_TEMPLATES, ChatTemplate, JinjaTemplate, choose_template

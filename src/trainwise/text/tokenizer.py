@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainwise.atomic import atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import ConfigError, DataError
 
 KIND_FILE = "trainwise_tokenizer.json"  # which of the kinds below a saved tokenizer directory holds

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise.atomic import atomic_write_bytes
+from trainwise.rundir.atomic import atomic_write_bytes
 from trainwise.data.shards import check_split_files, read_manifest, write_shard
 from trainwise.errors import DataError
 

@@ -9,7 +9,7 @@ from typing import Any
 
 _EXPORTS = {
     "Trainer": "trainer", "Callback": "callbacks", "build_trainer": "run", "train_run": "run",
-    "resume_run": "run", "read_checkpoint": "checkpoint",
+    "resume_run": "run",
 }
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 if TYPE_CHECKING:
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
 
 def find_peft_model(model: nn.Module) -> Any | None:

@@ -19,8 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwise.errors import ConfigError, TrainingError
-from trainwise.run import RunDir
-from trainwise.run_checkpoint_dirs import CheckpointDirs
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.checkpoint_dirs import CheckpointDirs
 
 Strategy = Literal["single", "ddp", "fsdp"]
 

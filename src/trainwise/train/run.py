@@ -12,13 +12,13 @@ import torch
 import yaml
 
 from trainwise.config import RunConfig
-from trainwise.config_diff import check_resume_config, config_hash
+from trainwise.config.diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
-from trainwise.run import RunDir
-from trainwise.run_integrity import CheckpointChoice
-from trainwise.run_trust import require_trust
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.integrity import CheckpointChoice
+from trainwise.rundir.trust import require_trust
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header

@@ -29,7 +29,7 @@ from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import ConfigError, RunDirWarning, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
 from trainwise.runtime.device import resolve_device

@@ -10,17 +10,17 @@ directory alone, on another machine, after the fact.
       events.jsonl        {"step", "time", "kind", "severity", "message", "evidence"} per line
       system.jsonl        telemetry samples
       checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt; sharded (fsdp): step-<N>/, last, best symlinks
-      model.safetensors   final weights (the best ones when early stopping restored them); format: run_weights.py
+      model.safetensors   final weights (the best ones when early stopping restored them); format: weights.py
       summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint; what
-                          readers make of it (interrupted, still training): run_status.py
+                          readers make of it (interrupted, still training): status.py
       eval/               metrics.json (latest), metrics-<split>.json (each split's latest),
                           confusion_matrix.csv, predictions.csv
       lr_find.json/.png   the LR range test, when `trainwise lr-find --out RUN` ran
       report.html         self-contained report (report.md with --format md)
       error.log           the full traceback of a run that failed
       tensorboard/        TensorBoard event files mirroring metrics.jsonl, when tensorboard is installed
-      checksums.json      SHA-256 and size of each checkpoint and of the final weights (run_integrity.py)
-      .lock               held by the one process writing the run; says which (run_lock.py)
+      checksums.json      SHA-256 and size of each checkpoint and of the final weights (integrity.py)
+      .lock               held by the one process writing the run; says which (lock.py)
 """
 from __future__ import annotations
 
@@ -34,15 +34,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise import run_lock, run_records, run_replace, run_status
-from trainwise.atomic import atomic_link, atomic_write_digest, atomic_write_directory, atomic_write_json, atomic_write_text, remove_temp_files
+from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
+from trainwise.rundir.atomic import (atomic_link, atomic_write_digest, atomic_write_directory, atomic_write_json,
+                                     atomic_write_text, remove_temp_files)
 from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
-from trainwise.run_checkpoint_dirs import CheckpointDirs, numbered
-from trainwise.run_integrity import (CheckpointChoice, Ledger, check_loadable, damaged_file_advice,
+from trainwise.rundir.checkpoint_dirs import CheckpointDirs, numbered
+from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable, damaged_file_advice,
                                      free_space_warning, load_weights_file, newest_intact)
-from trainwise.run_lock import Holder
-from trainwise.run_status import ReadStatus
-from trainwise.run_weights import safetensors_bytes
+from trainwise.rundir.lock import Holder
+from trainwise.rundir.status import ReadStatus
+from trainwise.rundir.weights import safetensors_bytes
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -75,7 +76,7 @@ class RunDir:
     def initialise(self, *, overwrite: bool = False, inputs: Iterable[Path] = ()) -> "RunDir":
         """Make this (not yet existing, or empty) directory on disk and hold its lock. With `overwrite`, an
         earlier run here is replaced: moved aside first, deleted once the new directory exists and is locked.
-        Anything that is not a run, and places run_replace.py protects (`inputs`: what the new run reads),
+        Anything that is not a run, and places replace.py protects (`inputs`: what the new run reads),
         are refused before anything is touched."""
         inputs = tuple(inputs)
         self.refuse_existing(self.path, overwrite=overwrite, inputs=inputs)

@@ -1,42 +1,26 @@
-"""The whole description of a run: one pydantic model with a section per concern.
+"""The whole description of a run: one pydantic model with a section per concern, data only.
 
-Every field carries a description; the CLI and the error messages quote them. Recipes are YAML files of
-this shape; the command line overrides any field with a dotted key: `optim.lr=3e-4 train.max_steps=200`.
+Every field carries a description; the CLI and the error messages quote them (messages.py). Recipes are YAML
+files of this shape, read by load.py; the command line overrides any field with a dotted key:
+`optim.lr=3e-4 train.max_steps=200`. Numbers derived from a config (accumulation steps, warmup steps, which
+way a metric improves) are derived.py's.
 """
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainwise.config_messages import check_key_path, format_validation_error
+from trainwise.config.derived import accumulation_steps, metric_mode
 from trainwise.errors import ConfigError, DataError
 
-
-# Name parts of metrics where lower is better; every other metric is higher-is-better (accuracy, f1, roc_auc,
-# r2, mrr, hr@k, ndcg@k). The one place this is decided: early stopping, best checkpoints, curve findings
-# and ablations all ask `lower_is_better`.
-LOWER_IS_BETTER_PARTS = frozenset({"loss", "error", "mae", "mse", "rmse", "ece", "rank", "perplexity"})
 
 # A ceiling no machine reaches (the largest hosts have a few hundred cores); the real bound, cores x
 # `WORKERS_PER_CORE`, depends on the machine and is checked where the loader starts its workers, because a
 # run's config.yaml must stay readable on a smaller machine.
 MAX_NUM_WORKERS = 1024
-
-
-def lower_is_better(metric: str) -> bool:
-    """Whether a smaller value of `metric` (`loss`, `val/ece`, `test/median_rank`, ...) is the better one."""
-    name = metric.split("/")[-1].lower()
-    return any(part in LOWER_IS_BETTER_PARTS for part in name.replace("@", "_").split("_"))
-
-
-def metric_mode(metric: str) -> Literal["min", "max"]:
-    """`min` for lower-is-better metrics, `max` otherwise: what `eval.mode: auto` resolves to."""
-    return "min" if lower_is_better(metric) else "max"
 
 
 MAX_SEED = 2**32 - 1
@@ -82,7 +66,7 @@ class ModelConfig(Section):
                                                                "CUDA and bitsandbytes only).")
     trainable_blocks: int = Field(2, ge=0, description="method=freeze: how many of the last blocks train, with "
                                   "the output head.")
-    lora: LoraConfig = Field(default_factory=LoraConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="The LoRA adapters, when `method: lora`.")
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="Weight dtype: `fp32` master weights (mixed "
                                            "precision comes from train.precision) or `bf16` (pure bf16 weights "
                                            "and optimizer state: half the memory, less exact updates).")
@@ -212,7 +196,8 @@ class TrainConfig(Section):
 
     @property
     def accumulation_steps(self) -> int:
-        return self.batch_size // self.micro_batch
+        """Micro-batches per optimizer step in one process (derived.accumulation_steps)."""
+        return accumulation_steps(self.batch_size, self.micro_batch)
 
     def steps_per_epoch(self, num_train: int) -> int:
         """Optimizer steps in one pass over `num_train` samples. The last partial batch is dropped (every step
@@ -275,7 +260,8 @@ class EvalConfig(Section):
                          "as `val/<metric>` (loss, accuracy, balanced_accuracy, mae, ...).")
     mode: Literal["min", "max", "auto"] = Field("auto", description="Whether lower or higher is better; "
                                                 "`auto`: min for loss/error metrics, max otherwise.")
-    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig,
+                                                description="Stopping when the monitored metric stalls.")
 
     @property
     def monitor_mode(self) -> Literal["min", "max"]:
@@ -319,14 +305,17 @@ class RunConfig(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds python, numpy and torch, the data split and "
                       f"the data order: an integer from 0 to {MAX_SEED}.")
     name: str | None = Field(None, description="A label for reports and comparisons.")
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    train: TrainConfig = Field(default_factory=lambda: TrainConfig(max_steps=100))
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model and how it is built.")
+    data: DataConfig = Field(default_factory=DataConfig, description="The data, its splits and its loader.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimizer.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="The learning-rate schedule.")
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(max_steps=100),
+                               description="How long, on what, in which precision and layout the engine trains.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation during training.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="When checkpoints are "
+                                         "written and how many are kept.")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="GPU and host sampling "
+                                       "during training, and its alert thresholds.")
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "RunConfig":
@@ -337,90 +326,5 @@ class RunConfig(Section):
         return self
 
 
-# ---- loading ------------------------------------------------------------------------------------------
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML recipe, apply `key=value` overrides, validate."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file.")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a recipe is a mapping of sections (model:, data:, train:, ...), "
-                          f"not a {type(raw).__name__}.")
-    return config_from_dict(raw, source=str(path), overrides=overrides)
-
-
-def config_from_dict(raw: dict[str, Any], *, source: str = "config",
-                     overrides: list[str] | None = None) -> RunConfig:
-    raw = _deep_copy(raw)
-    for item in overrides or []:
-        apply_override(raw, item)
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source, overrides or [])) from None
-
-
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Set `a.b.c=value` in a raw config mapping; the value is read as YAML (numbers, lists, null)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r}: write it as key=value, for example optim.lr=3e-4.")
-    key, _, text = item.partition("=")
-    parts = key.strip().split(".")
-    check_key_path(parts, item)
-    node = raw
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = parse_value(text)
-
-
-def parse_value(text: str) -> Any:
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def dump_yaml(config: RunConfig) -> str:
-    data = config.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """Every overridable field as (dotted key, default, description), for `trainwise train --help`."""
-    rows: list[tuple[str, Any, str]] = []
-    for name, info in model.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows += field_reference(annotation, f"{prefix}{name}.")
-        else:
-            default = None if info.is_required() else info.get_default(call_default_factory=True)
-            rows.append((f"{prefix}{name}", default, info.description or ""))
-    return rows
-
-
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, limit + 1) if n % d == 0)
-
-
-def _deep_copy(raw: Any) -> Any:
-    if isinstance(raw, dict):
-        return {k: _deep_copy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deep_copy(v) for v in raw]
-    return raw
-

@@ -8,7 +8,7 @@ tells them whether the run is still being written.
 
 One process holds one lock per file however many RunDir objects write the run: flock conflicts between two
 descriptors of the same process, and a process must not lock itself out (train, then resume, in one test).
-Only run.py calls this module; it passes the lock file's path.
+Only layout.py calls this module; it passes the lock file's path.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainwise.atomic import is_disk_full
+from trainwise.rundir.atomic import is_disk_full
 from trainwise.errors import DiskFullError
 
 Check = Callable[[dict[str, Any]], "str | None"]

@@ -2,7 +2,7 @@
 
 A checkpoint or the final weights with a few zeroed or overwritten bytes still load, as wrong numbers: a
 resume would continue from them without a word and an evaluation would score noise. The ledger (a small
-JSON file in the run directory, its name spelled by run.py) holds the SHA-256 and size of every checkpoint
+JSON file in the run directory, its name spelled by layout.py) holds the SHA-256 and size of every checkpoint
 and of the final weights, hashed while they were written, so loading can refuse a damaged file by name and
 a resume can fall back to the newest intact checkpoint.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.atomic import Written, atomic_write_json
+from trainwise.rundir.atomic import Written, atomic_write_json
 from trainwise.errors import DamagedFileError, DiskFullError, RunDirError, RunDirWarning
 
 _CHUNK = 1 << 20

@@ -2,24 +2,35 @@
 tell a user who points a new run at a directory that already holds one.
 
 A killed run cannot rewrite its summary, so `running` alone does not say the run is alive: the run's lock
-(run_lock.py) does. Only run.py calls this module; RunDir passes itself or the summary's path, so file names
-stay spelled in run.py alone.
+(lock.py) does. Only layout.py calls this module; RunDir passes itself (as a `RunView`: this module does not
+import layout.py) or the summary's path, so file names stay spelled in layout.py alone.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from trainwise import run_lock, run_replace
 from trainwise.errors import RunDirError
-
-if TYPE_CHECKING:
-    from trainwise.run import RunDir
+from trainwise.rundir import lock as run_lock, replace as run_replace
 
 Status = Literal["running", "completed", "stopped", "failed"]  # what the writer records in summary.json
 ReadStatus = Literal["running", "interrupted", "completed", "stopped", "failed", "unknown"]  # RunDir.status()
+
+
+class RunView(Protocol):
+    """What this module asks of a run directory (RunDir is one)."""
+    path: Path
+
+    @property
+    def lock_path(self) -> Path: ...
+    @property
+    def summary_path(self) -> Path: ...
+    def read_summary(self) -> dict[str, Any]: ...
+    def live_writer(self) -> Any: ...
+    def has_checkpoint(self) -> bool: ...
+    def entry_names(self) -> Any: ...
 
 
 def read_summary(path: Path, problem: Callable[[str], None]) -> dict[str, Any]:
@@ -39,7 +50,7 @@ def read_summary(path: Path, problem: Callable[[str], None]) -> dict[str, Any]:
     return summary
 
 
-def status(run: "RunDir") -> ReadStatus:
+def status(run: RunView) -> ReadStatus:
     """The summary's status, `interrupted` when it says `running` but no process is writing the run (killed
     or crashed: `trainwise resume` continues it), `unknown` when there is no readable summary."""
     recorded = run.read_summary().get("status")
@@ -48,7 +59,7 @@ def status(run: "RunDir") -> ReadStatus:
     return recorded if recorded in ("running", "completed", "stopped", "failed") else "unknown"
 
 
-def liveness_note(run: "RunDir") -> str | None:
+def liveness_note(run: RunView) -> str | None:
     """A sentence for readers when the summary says `running`: still training, or interrupted (killed
     mid-run: no process writes it), with the step it reached and the command that continues it."""
     summary = run.read_summary()
@@ -58,10 +69,10 @@ def liveness_note(run: "RunDir") -> str | None:
                                   resumable=run.has_checkpoint())
 
 
-def refuse_existing(run: "RunDir", *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
+def refuse_existing(run: RunView, *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
     """Raise when creating a run at `run.path` would replace files the user did not ask to replace: a
     file, a run another process is writing (even with `overwrite`), any earlier files without it, and with it
-    anything that is not an earlier run or is a place `--overwrite` never replaces (run_replace.py; `inputs`:
+    anything that is not an earlier run or is a place `--overwrite` never replaces (replace.py; `inputs`:
     the files and folders the new run reads)."""
     path, lock = run.path, run.lock_path
     if path.exists() and not path.is_dir():

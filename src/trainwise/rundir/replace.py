@@ -1,7 +1,7 @@
 """What `--overwrite` may replace, and how.
 
 `--overwrite` is the one place trainwise deletes files that the command did not make itself, so it deletes only
-what is recognisably a trainwise run: a directory holding nothing but the names a run directory has (run.py
+what is recognisably a trainwise run: a directory holding nothing but the names a run directory has (layout.py
 spells them), with the records a run writes. It never replaces a place that holds the user's other work, whatever
 is in it: a filesystem root, the home directory, the working directory or a parent of it, a prepared dataset,
 the data the run trains on or a folder around it, or the recipe file's folder.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from trainwise.atomic import TEMP_SUFFIX
+from trainwise.rundir.atomic import TEMP_SUFFIX
 from trainwise.errors import RunDirError
 
 # A config.yaml written by trainwise holds every section (every default filled in); a user's own config.yaml

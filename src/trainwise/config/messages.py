@@ -1,5 +1,6 @@
 """What a config error says: the key, the value, where it came from (the recipe file or an override on the
-command line), the field's own description, and the keys that were meant."""
+command line), the field's own description, and the keys that were meant; and the field reference
+`trainwise train --help` prints."""
 from __future__ import annotations
 
 import difflib
@@ -7,18 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from trainwise.config.schema import RunConfig
 from trainwise.errors import ConfigError
-
-
-def _root() -> type[BaseModel]:
-    from trainwise.config import RunConfig  # config.py imports this module: resolve at call time
-
-    return RunConfig
 
 
 def field_description(dotted: str) -> str | None:
     """The description of a field such as `optim.lr`, for help and error messages."""
-    model: type[BaseModel] = _root()
+    model: type[BaseModel] = RunConfig
     info = None
     for part in dotted.split("."):
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
@@ -95,7 +91,7 @@ def _override_of(loc: list[str], given: dict[str, str]) -> str | None:
 
 
 def check_key_path(parts: list[str], item: str) -> None:
-    model: Any = _root()
+    model: Any = RunConfig
     for depth, part in enumerate(parts):
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return  # inside a free mapping such as model.args
@@ -107,7 +103,7 @@ def check_key_path(parts: list[str], item: str) -> None:
 
 
 def _suggestion(loc: list[str]) -> str:
-    model: Any = _root()
+    model: Any = RunConfig
     for part in loc[:-1]:
         if isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
             model = model.model_fields[part].annotation
@@ -124,3 +120,14 @@ def _suggestion(loc: list[str]) -> str:
     return f" Allowed{where}: {', '.join(names)}."
 
 
+def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Every overridable field as (dotted key, default, description), for `trainwise train --help`."""
+    rows: list[tuple[str, Any, str]] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += field_reference(annotation, f"{prefix}{name}.")
+        else:
+            default = None if info.is_required() else info.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", default, info.description or ""))
+    return rows

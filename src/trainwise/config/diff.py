@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from trainwise.config import RunConfig
+from trainwise.config.schema import RunConfig
 from trainwise.errors import ConfigError
 
 # Dotted fields (or whole sections, ending in `.*`) a resume may change with --allow-config-change.

@@ -4,7 +4,7 @@ metadata, so a sharded (train.strategy=fsdp) checkpoint is a directory, made ato
 Every rank writes its part into a hidden partial directory; after a barrier the one writer renames it to
 `step-<N>/` (a rename is atomic: a reader sees no directory or the whole one), then points `last` (and `best`)
 at it. Hard links do not work for directories, so the pointers are symlinks, replaced by a rename as well.
-Old steps are rotated out, never the one `last` or `best` names. run.py spells the names; this module only
+Old steps are rotated out, never the one `last` or `best` names. layout.py spells the names; this module only
 moves directories.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainwise.atomic import atomic_write
+from trainwise.rundir.atomic import atomic_write
 from trainwise.errors import RunDirError
-from trainwise.run_integrity import CheckpointChoice
+from trainwise.rundir.integrity import CheckpointChoice
 
 
 def numbered(root: Path, prefix: str, suffix: str = "", keep: Callable[[Path], bool] = lambda p: True

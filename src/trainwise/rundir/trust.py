@@ -18,7 +18,7 @@ from trainwise.errors import RunDirError
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
 
 def require_trust(run: "RunDir", config: "RunConfig", *, trust_code: bool, command: str) -> None:
