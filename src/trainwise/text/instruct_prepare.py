@@ -121,7 +121,10 @@ def prepare_chat(to: Path, source: Path, options: Any) -> dict[str, Any]:
 
     instruct = InstructOptions.from_prepare(options)
     read = read_chat_files(chat_files(source), instruct.format)
-    texts = (m["content"] for c in read.conversations for m in c.as_messages())
+    builtin = BUILTIN_TEMPLATES.get(instruct.template or "")
+    # a BPE trained here learns the template's markup too (`<|im_start|>` becomes one id, not ten)
+    texts = ("".join(s.text for s in builtin.segments(c.as_messages())) if builtin else
+             "\n".join(m["content"] for m in c.as_messages()) for c in read.conversations)
     tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts)
     return prepare_instructions(read, to, tokenizer, instruct).fields
 
