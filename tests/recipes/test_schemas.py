@@ -12,7 +12,8 @@ from trainwise.recipes import load_recipe
 from trainwise.recipes.schemas import DATA_ARGS, MODEL_ARGS, check_builders
 
 # passed by trainwise itself, from other config fields, never through `args`
-SUPPLIED = {"data_spec", "gradient_checkpointing", "seed", "val_fraction", "test_fraction", "augment", "path"}
+SUPPLIED = {"data_spec", "gradient_checkpointing", "seed", "val_fraction", "test_fraction", "augment", "path",
+            "seq_len"}
 
 
 @pytest.mark.parametrize("name, builder, schema", [

@@ -28,30 +28,47 @@ SHARP_KEPT = 0.5
 # rank-4 LoRA MLP at 2e-4 kept 98% of its loss, at 1e-3 82%, at 1e-2 8%). The probe checks the wiring, not the
 # LR, so it trains adapters at least this fast, and says so in the evidence and the message.
 ADAPTER_PROBE_LR = 1e-2
+MAX_PROBE_S = 30.0  # the probe's time bound: at most this, and at most PROBE_SHARE of the planned run
+PROBE_SHARE = 0.1
+MIN_PROBE_S = 3.0
+MIN_STEPS = 8  # fewer steps than this in the time bound: too short to judge, said so (not a warning)
 
 CHECKS = ("Check the model's forward returns its output without `.detach()`, `.item()` or `torch.no_grad()`.",
           "Check the learning rate (optim.lr) is not zero or tiny, and that parameters have requires_grad.",
           "Check the loss compares the outputs with the batch's own labels (the same order and shape).")
 
 
-def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+def probe_budget_s(first_step_s: float, planned_steps: int | None) -> float:
+    """Seconds the probe may take: 10% of the planned run (its steps at the probe's pace), at most 30 s; a
+    probe of a few seconds is never cut (a short run of a small model loses nothing to it)."""
+    if not planned_steps:
+        return MAX_PROBE_S
+    return max(MIN_PROBE_S, min(MAX_PROBE_S, PROBE_SHARE * first_step_s * planned_steps))
+
+
+def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.Tensor],
+                      targets: torch.Tensor | None, *,
                       optimizer: torch.optim.Optimizer, loss_fn, precision: str = "fp32",
                       device: torch.device | None = None, grad_clip_norm: float | None = 1.0,
-                      steps: int = PROBE_STEPS, model_name: str | None = None) -> Finding:
+                      steps: int = PROBE_STEPS, model_name: str | None = None,
+                      planned_steps: int | None = None) -> Finding:
     """Train `model` on one batch for `steps` steps; an info finding when the loss falls sharply, a warning
-    when it falls slowly, an error when it does not fall or the step fails."""
+    when it falls slowly, an error when it does not fall or the step fails. `inputs` may be a token batch
+    (a dict, `targets` None). The probe stops early when its time is up (`probe_budget_s` of a run of
+    `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit."""
     from trainwise.train.step import TrainStep
 
     device = device or torch.device("cpu")
     model.to(device).train()
     step = TrainStep(model, optimizer, loss_fn=loss_fn, precision=precision, device=device,  # type: ignore[arg-type]
                      accumulation_steps=1, grad_clip_norm=grad_clip_norm, model_name=model_name)
-    batch = [(inputs, targets)]
     run_lr = optimizer.param_groups[0]["lr"]
     adapters = any(not p.requires_grad for p in model.parameters())
     if adapters:  # the probe's own optimizer: the run's is built afresh
         for group in optimizer.param_groups:
             group["lr"] = max(group["lr"], ADAPTER_PROBE_LR) if group["lr"] > 0 else 0.0
+    batch = [inputs] if isinstance(inputs, dict) else [(inputs, targets)]
+    rows = len(inputs["input_ids"]) if isinstance(inputs, dict) else len(inputs)
     started = time.perf_counter()
     losses: list[float] = []
     norms: list[float] = []
@@ -62,23 +79,36 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
         # busy machine (other jobs on the cores) they made each step 10× slower
         torch.set_num_threads(1)
     try:
+        budget = MAX_PROBE_S
         for _ in range(steps):
             outcome = step(batch)
             losses.append(float(outcome.loss))
             norms.append(float(outcome.grad_norm))
+            elapsed = time.perf_counter() - started
+            if len(losses) == 1:
+                budget = probe_budget_s(elapsed, planned_steps)
+            if elapsed > budget:
+                break
     except RuntimeError as error:  # a detached output: "element 0 of tensors does not require grad"
         return Finding(
             "overfit_probe_failed", "error", "the training step fails on one batch",
             f"The model's training step raised: {_first_line(error)}. Nothing can learn until it runs.",
-            {"error": _first_line(error), "steps_done": len(losses), "rows": len(inputs)}, CHECKS)
+            {"error": _first_line(error), "steps_done": len(losses), "rows": rows}, CHECKS)
     finally:
         torch.set_num_threads(threads)
     elapsed = time.perf_counter() - started
+    if len(losses) < MIN_STEPS:
+        return Finding("overfit_probe_skipped", "info", f"one-batch probe cut short after {len(losses)} steps",
+                       f"A step on one micro-batch of {rows} rows took {elapsed / len(losses):.2g} s; the probe may "
+                       f"take {budget:.0f} s (10% of the planned run, at most {MAX_PROBE_S:.0f} s), too few steps to "
+                       "judge whether the model learns. The run's own loss curve will show it.",
+                       {"steps": len(losses), "rows": rows, "seconds": elapsed, "budget_s": budget})
+    steps = len(losses)
     first, last = losses[0], min(losses[-3:])
     kept = last / first if first > 0 and math.isfinite(first) else float("nan")
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before) if p.numel()),
                 default=0.0)
-    evidence = {"steps": steps, "rows": len(inputs), "first_loss": first, "last_loss": last, "share_kept": kept,
+    evidence = {"steps": steps, "rows": rows, "first_loss": first, "last_loss": last, "share_kept": kept,
                 "first_grad_norm": norms[0], "last_grad_norm": norms[-1], "largest_weight_change": moved,
                 "lr": optimizer.param_groups[0]["lr"], "run_lr": run_lr, "frozen_base": adapters, "seconds": elapsed,
                 "rule": f"loss below {SHARP_KEPT:.0%} of its start after {steps} steps"}
@@ -87,7 +117,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
                "the gradient norm is 0: no gradient reaches the weights" if norms[0] == 0 else
                f"not one weight changed (LR {evidence['lr']:.3g})")
         return Finding("overfit_probe_failed", "error", f"the model cannot overfit one batch: {why}",
-                       f"{steps} steps on one batch of {len(inputs)} rows should drive its loss near zero, but {why}; "
+                       f"{steps} steps on one batch of {rows} rows should drive its loss near zero, but {why}; "
                        f"the loss went from {first:.4g} to {last:.4g}. The model, loss or optimizer wiring is broken.",
                        evidence, CHECKS)
     if kept > SHARP_KEPT:

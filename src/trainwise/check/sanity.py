@@ -22,7 +22,8 @@ from trainwise.check.overfit_one_batch import overfit_one_batch
 # Rows read per split: enough to see the label distribution, a NaN or a duplicate of any built-in data set
 # whole, and a large prepared one in well under a second.
 MAX_ROWS = 50_000
-PROBE_ROWS = 64  # one batch: the recipe's batch size, capped so the probe stays fast on the CPU
+PROBE_ROWS = 64  # one batch: the run's micro-batch, capped so the probe stays fast on the CPU
+TOKENS_READ = 1 << 20  # text: the first sequences of each split up to about this many tokens
 
 
 def sanity_check(config: RunConfig, bundle: Any = None) -> list[Finding]:
@@ -66,15 +67,21 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
               (("train", bundle.train), ("val", bundle.val), ("test", bundle.test)) if dataset is not None]
     findings = data_findings(splits, task=spec.task, num_classes=spec.num_classes, class_names=spec.class_names)
     train = splits[0]
-    rows = min(config.train.batch_size, PROBE_ROWS, len(train.inputs))
+    # one micro-batch of the run's own size: the probe must fit wherever a training step fits
+    rows = min(config.train.micro_batch, PROBE_ROWS, len(train.inputs))
+    inputs, targets = train.inputs[:rows], train.targets[:rows]
+    if spec.task == "causal_lm":  # a token batch, with its position ids
+        samples = [bundle.train[i] for i in range(rows)]
+        inputs, targets = {key: torch.stack([s[key] for s in samples]) for key in samples[0]}, None
     torch.manual_seed(config.seed)
     model = build_model(config, spec)
     device = resolve_device(config.train.device)
     findings.append(overfit_one_batch(
-        model, train.inputs[:rows], train.targets[:rows], optimizer=build_optimizer(model.to(device), config.optim),
+        model, inputs, targets, optimizer=build_optimizer(model.to(device), config.optim),
         loss_fn=default_loss(spec.task, config.train.label_smoothing),
         precision=resolve_precision(config.train.precision, device), device=device,
-        grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name))
+        grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name,
+        planned_steps=config.train.max_steps * max(1, config.train.batch_size // rows)))
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 
@@ -86,6 +93,11 @@ def split_data(name: str, dataset: Any, limit: int = MAX_ROWS) -> SplitData:
     if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor):
         return SplitData(name, inputs[:limit], targets[:limit])
     indices = list(range(min(len(dataset), limit)))
+    if indices and isinstance(dataset[0], dict):  # token batches: ids and labels, about TOKENS_READ of them
+        rows = max(1, TOKENS_READ // dataset[0]["input_ids"].shape[-1])
+        samples = [dataset[i] for i in indices[:rows]]
+        return SplitData(name, torch.stack([s["input_ids"] for s in samples]),
+                         torch.stack([s["labels"] for s in samples]))
     if hasattr(dataset, "__getitems__"):
         inputs, targets = dataset.__getitems__(indices)
     else:

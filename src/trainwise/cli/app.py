@@ -107,8 +107,16 @@ def train(
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         recipe_file = Path(recipe) if Path(recipe).is_file() else None
         run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
-                        recipe_file=recipe_file)
+                        recipe_file=recipe_file, callbacks=[_peak_flops()])
     _finish(run.read_summary(), run.path)
+
+
+def _peak_flops():
+    """The card's catalogue peak for the run's MFU (the engine does not import the planner)."""
+    from trainwise.plan.planner import device_peak_flops
+    from trainwise.train.token_figures import PeakFlops
+
+    return PeakFlops(device_peak_flops)
 
 
 def _planned_strategy(config, ranks: int) -> list[str]:
@@ -145,7 +153,7 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
             ["--allow-config-change"] if allow_config_change else [])
         raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
     with _exit_code_of_the_run(run_dir):
-        run = resume_run(run_dir, trust_code=trust_code, allow_config_change=allow_config_change)
+        run = resume_run(run_dir, [_peak_flops()], trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
 
 

@@ -15,7 +15,8 @@ from torch.utils.data import Dataset
 
 from trainwise.errors import DataError
 
-Task = Literal["classification", "regression"]
+Task = Literal["classification", "regression", "causal_lm"]
+IGNORE_INDEX = -100  # a target that carries no loss (torch's cross-entropy default)
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,12 @@ def check_labels(bundle: DataBundle) -> None:
         if targets.is_floating_point() and not torch.equal(targets, targets.round()):
             raise DataError(f"{split} split: classification targets must be whole class indices, "
                             f"found {targets[targets != targets.round()][0].item()!r}.")
-        bad = (targets < 0) | (targets >= spec.num_classes)
+        # -100 is no label (torch's ignore_index: padding, masked tokens): it carries no loss and is allowed
+        bad = ((targets < 0) | (targets >= spec.num_classes)) & (targets != IGNORE_INDEX)
         if bad.any():
-            position = int(bad.nonzero()[0])
+            where = bad.nonzero()[0].tolist()  # sample (and position, for per-token targets)
+            position = where[0] if len(where) == 1 else tuple(where)
             raise DataError(
-                f"{split} split: label {int(targets[position])} at sample {position} is outside the "
+                f"{split} split: label {int(targets[tuple(where)])} at sample {position} is outside the "
                 f"{spec.num_classes} classes (0..{spec.num_classes - 1}); {int(bad.sum())} labels are out "
                 "of range. Fix the labels, or set the number of classes to cover them.")

@@ -201,7 +201,8 @@ class PrefetchingLoader:
     def _fetch(self, indices):
         batch = self.dataset.__getitems__(indices)  # type: ignore[attr-defined]
         if self.pin_memory:  # pinned here, on the loading thread, so the copy to the GPU can be async
-            batch = tuple(tensor.pin_memory() for tensor in batch)
+            batch = ({key: tensor.pin_memory() for key, tensor in batch.items()} if isinstance(batch, dict)
+                     else tuple(tensor.pin_memory() for tensor in batch))
         return batch
 
 
@@ -211,6 +212,7 @@ def batch_bytes(dataset: Dataset, micro_batch_size: int) -> int:
         sample = dataset[0]
     except Exception:  # a dataset that cannot be read here says so clearly when the loader reads it
         return ASSUMED_BATCH_BYTES
-    parts = sample if isinstance(sample, (tuple, list)) else (sample,)
+    parts = (tuple(sample.values()) if isinstance(sample, dict)  # a token batch (text/packing.py)
+             else sample if isinstance(sample, (tuple, list)) else (sample,))
     sample_bytes = sum(t.nbytes for t in parts if isinstance(t, torch.Tensor))
     return max(sample_bytes * micro_batch_size, 1)

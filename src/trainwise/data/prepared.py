@@ -185,7 +185,7 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
     )
 
 
-def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool = True,
+def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool = True, seq_len: int | None = None,
                     **unknown: Any) -> DataBundle:
     """The train/val/test splits of a prepared image or table dataset, for `data.name: prepared`."""
     from trainwise.recipes.datasets import feature_noise
@@ -194,6 +194,10 @@ def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool 
         raise ConfigError(f"data.args: a prepared dataset takes only `normalize` (true/false), not "
                           f"{', '.join(sorted(unknown))}; splits, size and classes are fixed by `trainwise prepare`.")
     manifest = read_manifest(path)
+    if manifest["kind"] == "text":  # token shards, packed into sequences of data.seq_len tokens
+        from trainwise.text.data import text_bundle
+
+        return text_bundle(path, manifest, seq_len=seq_len)
     if manifest["kind"] == "interactions":
         raise DataError(f"{path}: an interactions dataset has no built-in model to train. Read it in your own "
                         "data factory with `trainwise.data.open(DIR, 'train')` (inputs are (user, item) ids).")

@@ -48,6 +48,8 @@ def data_findings(splits: list[SplitData], *, task: str = "classification", num_
     sequences = id_sequences(splits)
     if task == "classification":
         found += label_findings(splits, num_classes, class_names, id_sequences=sequences)
+    if task == "causal_lm":
+        found += token_label_findings(splits, num_classes)
     found += [nonfinite_inputs(splits), nonfinite_targets(splits)]
     if not sequences:  # table rules: see the module docstring
         found += [constant_features(splits), unnormalised_scale(splits), leakage(splits)]
@@ -109,6 +111,31 @@ def label_findings(splits: list[SplitData], num_classes: int | None,
             + ": their recall there cannot be measured.",
             {"missing": missing, "counts": distribution},
             ("Split stratified by label (the built-in data sets do), or enlarge the small split.",)))
+    return found
+
+
+def token_label_findings(splits: list[SplitData], vocab_size: int | None) -> list[Finding | None]:
+    """Language-model labels: ids the model can output, or -100 (no loss); and some tokens that carry loss."""
+    found: list[Finding | None] = []
+    for split in splits:
+        if split.targets is None:
+            continue
+        counted = split.targets != IGNORE_INDEX
+        outside = counted & ((split.targets < 0) | (split.targets >= (vocab_size or 2**62)))
+        if outside.any():
+            bad = split.targets[outside]
+            found.append(Finding(
+                "token_labels_out_of_range", "error", f"{split.name} split: token labels outside the vocabulary",
+                f"{int(outside.sum())} labels of the {split.name} split are not ids of the {vocab_size}-id "
+                f"vocabulary (e.g. {int(bad[0])}); only ids and -100 (no loss) can be labels.",
+                {"split": split.name, "examples": bad[:SHOWN].tolist(), "vocab_size": vocab_size},
+                ("Prepare the data with the tokenizer the model was built for (`trainwise prepare --tokenizer`).",)))
+        elif split.name == "train" and not counted.any():
+            found.append(Finding(
+                "no_loss_tokens", "error", "no token of the training sample carries loss",
+                "Every label of the first training sequences is -100: nothing would be learned from them.",
+                {"split": split.name, "rows": len(split.targets)},
+                ("Check the loss masks of the prepared data (prompts masked, answers kept).",)))
     return found
 
 

@@ -144,6 +144,13 @@ def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...])
     return result, calibration, notes
 
 
+def device_peak_flops(device_name: str, precision: str, tf32: bool = True) -> float | None:
+    """The catalogue's dense peak (FLOP/s) of a CUDA device by its name, for a precision; None when the
+    catalogue does not know the card (the MFU of a run on it is then not reported)."""
+    card = _catalog_card(device_name, load_gpus())
+    return card.peak_tflops(precision, tf32) * 1e12 if card is not None else None
+
+
 def _catalog_card(device_name: str, gpus: tuple[Gpu, ...]) -> Gpu | None:
     """The catalog entry for a name such as 'NVIDIA H100 80GB HBM3' (longest catalog name it contains)."""
     name = _key(device_name)

@@ -83,4 +83,6 @@ def feature_noise(features: torch.Tensor, std: float = 0.05) -> torch.Tensor:
 
 from trainwise.recsys.data import shop  # noqa: E402  behaviour sequences for the recommender recipes
 
-BUILTIN_DATA = {"digits": digits, "breast_cancer": breast_cancer, "shop": shop}
+from trainwise.text.data import pydoc_topics  # noqa: E402  text for the language-model recipe
+
+BUILTIN_DATA = {"digits": digits, "breast_cancer": breast_cancer, "shop": shop, "pydoc_topics": pydoc_topics}

@@ -79,7 +79,7 @@ def build_data(config: RunConfig) -> DataBundle:
         from trainwise.data.prepared import prepared_bundle
 
         args = _builtin_args("data.args", DATA_ARGS["prepared"], data.args)
-        return prepared_bundle(data.path, augment=data.augment, **args)
+        return prepared_bundle(data.path, augment=data.augment, seq_len=data.seq_len, **args)
     if data.name not in BUILTIN_DATA:
         raise ConfigError(f"data.name: unknown data set {data.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_DATA))}, prepared; or set data.factory.")
@@ -87,6 +87,8 @@ def build_data(config: RunConfig) -> DataBundle:
     build = BUILTIN_DATA[data.name]
     if data.path and "path" in (_parameters(build) or {}):  # e.g. `shop`: a prepared log instead of its generator
         args["path"] = data.path
+    if "seq_len" in (_parameters(build) or {}):  # text: tokens per training sequence
+        args["seq_len"] = data.seq_len
     return _call_builtin(build, "data.args", {
         **args, **common, "val_fraction": data.val_fraction, "test_fraction": data.test_fraction,
         "augment": data.augment})

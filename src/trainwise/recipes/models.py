@@ -73,4 +73,7 @@ def _outputs(spec: DataSpec) -> int:
 
 from trainwise.recsys.models import din, gru4rec, popularity, sasrec  # noqa: E402  recommenders (data.name=shop)
 
-BUILTIN_MODELS = {"cnn": cnn, "mlp": mlp, "sasrec": sasrec, "gru4rec": gru4rec, "popularity": popularity, "din": din}
+from trainwise.text.gpt import gpt  # noqa: E402  the built-in language model
+
+BUILTIN_MODELS = {"cnn": cnn, "mlp": mlp, "sasrec": sasrec, "gru4rec": gru4rec, "popularity": popularity, "din": din,
+                  "gpt": gpt}

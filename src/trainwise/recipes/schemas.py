@@ -174,10 +174,30 @@ class ShopArgs(BuilderArgs):
         "an int from 0 to 2**32-1, or null (null: follow the run's seed)")] = 0
 
 
+# the built-in language model (text/gpt.py) and the corpus that ships with Python (text/data.py)
+class GptArgs(BuilderArgs):
+    builder: ClassVar[str] = "gpt"
+    layers: Layers = 4
+    heads: Annotated[int, Field(strict=True, ge=1, le=1024), _explained("an int from 1 to 1024 dividing width")] = 4
+    width: Size = 128
+    context: Annotated[int | None, Field(strict=True, ge=2, le=2**17), _explained(
+        "an int from 2 to 131072, or null (null: data.seq_len)")] = None
+    dropout: Dropout = 0.0
+    bias: Switch = True
+
+
+class PydocTopicsArgs(BuilderArgs):
+    builder: ClassVar[str] = "pydoc_topics"
+    train_tokenizer: Annotated[int | None, Field(strict=True, ge=258, le=2**20), _explained(
+        "null (byte-level) or a BPE vocabulary size from 258, e.g. 8000")] = None
+
+
 MODEL_ARGS: dict[str, type[BuilderArgs]] = {"cnn": CnnArgs, "mlp": MlpArgs, "sasrec": SasrecArgs,
-                                            "gru4rec": Gru4recArgs, "popularity": PopularityArgs, "din": DinArgs}
+                                            "gru4rec": Gru4recArgs, "popularity": PopularityArgs, "din": DinArgs,
+                                            "gpt": GptArgs}
 DATA_ARGS: dict[str, type[BuilderArgs]] = {"digits": DigitsArgs, "breast_cancer": BreastCancerArgs,
-                                           "prepared": PreparedArgs, "shop": ShopArgs}
+                                           "prepared": PreparedArgs, "shop": ShopArgs,
+                                           "pydoc_topics": PydocTopicsArgs}
 
 
 def args_schema(kind: str, name: str | None, factory: str | None) -> type[BuilderArgs] | None:

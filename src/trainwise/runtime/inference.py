@@ -1,6 +1,7 @@
 """Evaluation inside training (loss and headline metrics on a split) and plain prediction."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -8,6 +9,7 @@ from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
 from trainwise.runtime.precision import Precision, autocast
+from trainwise.train.step import IGNORE_INDEX, call_model, is_token_batch, token_loss_sum
 
 
 @torch.no_grad()
@@ -49,16 +51,58 @@ def _batches_from(dataset: Dataset, start: int, batch_size: int):
     return build_loader(dataset, batches, LoaderSettings(0, False, False, None))
 
 
+def yields_token_batches(dataset: Dataset | None) -> bool:
+    """A text dataset: its samples are dicts of input_ids, labels, position_ids (text/packing.py)."""
+    if dataset is None or len(dataset) == 0:  # type: ignore[arg-type]
+        return False
+    return is_token_batch(dataset[0])
+
+
+@torch.no_grad()
+def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 16,
+                  precision: Precision = "fp32") -> dict[str, float]:
+    """Validation of a language model, streamed: per batch the summed token loss, the label-token count and
+    the correct next-token guesses are added up on the device; no logits leave it, one transfer at the end.
+    Labels of -100 count nowhere."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, correct
+    try:
+        for batch in _batches_from(dataset, 0, batch_size):
+            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+            with autocast(precision, device):
+                logits = call_model(model, batch)
+            labels = batch["labels"]
+            counted = labels != IGNORE_INDEX
+            sums += torch.stack([token_loss_sum(logits, labels).double(), counted.sum().double(),
+                                 ((logits.argmax(-1) == labels) & counted).sum().double()])
+            del logits
+    finally:
+        model.train(was_training)
+    loss, tokens, correct = sums.tolist()
+    mean = loss / max(tokens, 1)
+    return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "token_accuracy": correct / max(tokens, 1)}
+
+
 def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict[str, float]:
-    """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set."""
+    """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set. Class
+    targets of -100 (no loss, e.g. masked tokens) count in no metric."""
     metrics = {"loss": float(loss_fn(outputs, targets))}
     if task == "classification":
-        predicted = outputs.argmax(1)
-        correct = predicted == targets
+        if outputs.ndim > 2:  # per-position outputs [N, classes, positions...] (cross-entropy's layout)
+            outputs, targets = outputs.movedim(1, -1).reshape(-1, outputs.shape[1]), targets.reshape(-1)
+        counted = targets != IGNORE_INDEX
+        outputs, targets = outputs[counted], targets[counted]
+        correct = outputs.argmax(1) == targets
         metrics["accuracy"] = float(correct.float().mean())
-        recalls = [float(correct[targets == c].float().mean()) for c in targets.unique()]
-        metrics["balanced_accuracy"] = sum(recalls) / len(recalls)
+        # per-class recall by counting, not a loop over classes (a vocabulary has tens of thousands)
+        targets = targets.long()
+        seen = torch.bincount(targets, minlength=outputs.shape[1])
+        hits = torch.bincount(targets[correct], minlength=outputs.shape[1])
+        present = seen > 0
+        metrics["balanced_accuracy"] = float((hits[present] / seen[present]).mean())
     else:
         error = outputs.squeeze(-1) - targets.float()
         metrics["mae"] = float(error.abs().mean())

@@ -42,7 +42,7 @@ class StepHealth:
         """Add one step's outcome (and whether its targets were finite, so a NaN regression target is named
         as such); device ops only, or host ops on targets still in host memory: no sync either way."""
         v = self.values
-        finite = [torch.isfinite(targets).all() for _, targets in micro_batches if targets.is_floating_point()]
+        finite = [torch.isfinite(targets).all() for _, targets in _pairs(micro_batches) if targets.is_floating_point()]
         if finite:  # regression targets (class indices are integers, always finite); targets still on the host
             # give a CPU scalar, which a device op takes as an argument: no copy, no sync
             v[_BAD_TARGETS] += (~torch.stack(finite).all()).to(v.dtype)
@@ -92,3 +92,8 @@ def health_problem(reading: HealthReading, *, fp16: bool, step: int, loss_scale:
                 f"{reading.nonfinite_steps} step(s) up to step {step} were skipped on the device, so the weights "
                 "never took them. Lower optim.lr, check the inputs for NaN/Inf, or keep train.grad_clip_norm on.")
     return None
+
+
+def _pairs(micro_batches: Sequence[MicroBatch]) -> Sequence[MicroBatch]:
+    """(inputs, targets) micro-batches; token batches (dicts) have integer labels, always finite."""
+    return [batch for batch in micro_batches if not isinstance(batch, dict)]

@@ -34,3 +34,15 @@ def first_nonfinite_module(model: nn.Module, forward: Callable[[torch.Tensor], o
         for h in handles:
             h.remove()
     return found[0] if found else None
+
+
+def first_nonfinite_in(model: nn.Module, forward: Callable, micro_batch, device: torch.device,
+                       context: AbstractContextManager = nullcontext()) -> tuple[str, str] | None:
+    """`first_nonfinite_module` on one micro-batch: `(inputs, targets)`, or a token batch whose fields the
+    model takes by name."""
+    from trainwise.train.step import call_model, is_token_batch
+
+    if is_token_batch(micro_batch):
+        batch = {key: value.to(device) for key, value in micro_batch.items()}
+        return first_nonfinite_module(model, lambda _: call_model(forward, batch), None, context)
+    return first_nonfinite_module(model, forward, micro_batch[0].to(device), context)

@@ -29,9 +29,13 @@ class TrainingConsole(Console):
             pass
 
 
-def _describe(record: dict) -> str:
-    return (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['samples_per_s']:,.0f} samples/s  "
-            f"data wait {record['data_wait_fraction']:.0%}")
+def _describe(record: dict, device_type: str = "cpu") -> str:
+    rate = f"{record['samples_per_s']:,.0f} samples/s"
+    if "tokens_per_s" in record:
+        from trainwise.train.token_figures import mfu_text
+
+        rate = f"{record['tokens_per_s']:,.0f} tokens/s  {mfu_text(record, device_type)}"
+    return f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {rate}  data wait {record['data_wait_fraction']:.0%}"
 
 
 def _starting(trainer) -> str:
@@ -67,13 +71,13 @@ class ProgressDisplay(Callback):
 
     def on_log(self, trainer, record) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, description=_describe(record))
+            self.progress.update(self.task, description=_describe(record, trainer.device.type))
             return
         # from the pace since this process started: a resumed run has not done its first steps here
         done_here = trainer.step - self.first_step
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done_here * (trainer.max_steps - trainer.step) if done_here > 0 else float("nan")
-        self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record)}  eta {eta:.0f}s",
+        self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record, trainer.device.type)}  eta {eta:.0f}s",
                            highlight=False)
 
     def on_eval(self, trainer, record) -> None:

@@ -21,6 +21,7 @@ class StepTimer:
         self.data_wait = 0.0
         self.steps = 0
         self.samples = 0
+        self.tokens = 0
         self.loss_sum: torch.Tensor | float = 0.0
 
     def timed(self, iterator: Iterator[T]) -> Iterator[T]:
@@ -34,9 +35,10 @@ class StepTimer:
             self.data_wait += time.perf_counter() - start
             yield item
 
-    def step_done(self, loss: torch.Tensor, samples: int) -> None:
+    def step_done(self, loss: torch.Tensor, samples: int, tokens: int = 0) -> None:
         self.steps += 1
         self.samples += samples
+        self.tokens += tokens  # token batches: the positions computed, from their shapes
         self.loss_sum = self.loss_sum + loss  # stays on the device: no sync
 
     def flush(self) -> dict[str, float]:
@@ -55,5 +57,7 @@ class StepTimer:
             "compute_s": (wall - self.data_wait) / steps,
             "data_wait_fraction": min(1.0, self.data_wait / wall),
         }
+        if self.tokens:
+            record["tokens_per_s"] = self.tokens / wall
         self._reset(now)
         return record

@@ -36,9 +36,9 @@ from trainwise.runtime.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
                                          resolve_strategy, wrap_model)
 from trainwise.train.early_stop import EarlyStopping
-from trainwise.runtime.inference import headline_metrics, predict
+from trainwise.runtime.inference import headline_metrics, predict, token_metrics, yields_token_batches
 from trainwise.train.health import HealthReading, StepHealth, health_problem
-from trainwise.train.nonfinite import first_nonfinite_module
+from trainwise.train.nonfinite import first_nonfinite_in
 from trainwise.train.optim import build_optimizer
 from trainwise.runtime.precision import autocast, enable_tf32, make_scaler, resolve_precision
 from trainwise.train.recovery import OomGuard, recover_from_oom
@@ -47,6 +47,7 @@ from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
+from trainwise.train.token_figures import flops_per_token, token_figures, tokens_in
 from trainwise.train.timing import StepTimer
 from trainwise.train.adapters import save_adapter
 from trainwise.runtime.model_state import save_record
@@ -125,6 +126,8 @@ class Trainer:
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
+        self.peak_flops: float | None = None  # the card's dense peak, when the CLI's PeakFlops knows it
+        self._seq_len = 0
         self._summary = RunSummary()  # summary.json: at the start, at every checkpoint, at the end
 
     # ---- public ------------------------------------------------------------------------------------
@@ -174,6 +177,9 @@ class Trainer:
         self._stop_reason = self._stop_reason or reason
 
     def evaluate(self, dataset: Dataset | None = None) -> dict[str, float]:
+        if yields_token_batches(dataset or self.val_data):  # a language model: streamed, never all logits
+            return token_metrics(self.model, dataset or self.val_data, device=self.device,
+                                 batch_size=self.eval_batch_size, precision=self.precision)
         outputs, targets = predict(self.model, dataset or self.val_data, device=self.device,
                                    batch_size=self.eval_batch_size, precision=self.precision)
         return headline_metrics(outputs, targets, self.task, self.loss_fn)
@@ -196,7 +202,8 @@ class Trainer:
             self.step += 1
             self.batch_in_epoch += 1
             self.health.record(self.step, self._outcome, micro_batches)
-            timer.step_done(self._outcome.loss, samples=self.config.train.batch_size)
+            tokens, self._seq_len = tokens_in(micro_batches)
+            timer.step_done(self._outcome.loss, samples=self.config.train.batch_size, tokens=tokens)
             self.callbacks.on_step_end(self)
             end_of_epoch = self.batch_in_epoch == self.steps_per_epoch
             log_due = self.step % log_every == 0 or self.step == self.max_steps
@@ -321,6 +328,9 @@ class Trainer:
         record = {"split": "train", "step": self.step, "epoch": self.epoch, **timing,
                   "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                   "skipped_steps": self.skipped_steps}
+        if "tokens_per_s" in timing:  # a language model: tokens/s and MFU (train/token_figures.py)
+            record.update(token_figures(timing["tokens_per_s"], flops_per_token(self.model, self._seq_len),
+                                        self.peak_flops))
         self.run_dir.log_metrics(record)
         self.callbacks.on_log(self, record)
 
@@ -328,8 +338,8 @@ class Trainer:
                         micro_batches: list[MicroBatch] | None) -> None:
         culprit = None
         if micro_batches:  # replay this step's last micro-batch forward to find where NaN/Inf first shows
-            culprit = first_nonfinite_module(self.model, self.forward, micro_batches[-1][0].to(self.device),
-                                             autocast(self.precision, self.device))
+            culprit = first_nonfinite_in(self.model, self.forward, micro_batches[-1], self.device,
+                                         autocast(self.precision, self.device))
         if culprit:
             problem += f" First non-finite output on this step's last micro-batch: {culprit[0]} ({culprit[1]})."
         self.run_dir.log_event("nonfinite", problem, severity="error",

@@ -1,0 +1,88 @@
+"""Language-model training figures: tokens/s and model FLOPs utilisation (MFU), per rank, as torchtitan
+reports them.
+
+MFU = tokens/s × training FLOPs per token / the card's dense peak for the run's precision. FLOPs per token
+are 6N + 12·L·H·Q·T (PaLM, appendix B): 6 per weight of the matrix products (forward 2, backward 4) and
+the attention scores and values over a context of T. The peak comes from the GPU catalogue, which the
+engine does not import: the CLI hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
+the progress line says so instead of printing a number).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from torch import nn
+
+from trainwise.train.callbacks import Callback
+from trainwise.train.step import MicroBatch, is_token_batch
+
+PeakLookup = Callable[[str, str, bool], "float | None"]  # (device name, precision, tf32) -> FLOP/s or None
+
+
+def tokens_in(micro_batches: Sequence[MicroBatch]) -> tuple[int, int]:
+    """(tokens, sequence length) of a step's token batches, from their shapes (no device work); (0, 0) for
+    `(inputs, targets)` batches."""
+    if not micro_batches or not is_token_batch(micro_batches[0]):
+        return 0, 0
+    ids = [batch["input_ids"] for batch in micro_batches]  # type: ignore[index]
+    return sum(t.numel() for t in ids), int(ids[0].shape[-1])
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """Weights that take part in matrix products: every parameter but lookup tables (an embedding's rows
+    are gathered, not multiplied), counting a table tied to the output head once, as the head."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            continue
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                total += parameter.numel()
+    return total
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """6N + 12·L·H·Q·T for a model with a transformer config (built-in gpt, Hugging Face), else 6N."""
+    own = getattr(model, "flops_per_token", None)
+    if callable(own):
+        return float(own(seq_len))
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    attention = 0.0
+    if layers and heads and width:
+        head_dim = getattr(config, "head_dim", None) or width // heads
+        attention = 12.0 * layers * heads * head_dim * seq_len
+    return 6.0 * matmul_parameters(model) + attention
+
+
+def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -> dict[str, float]:
+    figures = {"tokens_per_s": tokens_per_s, "flops_per_token": flops}
+    if peak_flops:
+        figures["mfu"] = tokens_per_s * flops / peak_flops
+    return figures
+
+
+def mfu_text(record: dict, device_type: str) -> str:
+    """The progress line's words for MFU."""
+    if "mfu" in record:
+        return f"MFU {record['mfu']:.1%}"
+    return "MFU: no peak for the CPU" if device_type == "cpu" else "MFU: no catalogue peak for this card"
+
+
+class PeakFlops(Callback):
+    """Gives the trainer its card's dense peak (FLOP/s) for the run's precision, looked up by the CLI."""
+
+    def __init__(self, lookup: PeakLookup):
+        self.lookup = lookup
+
+    def on_fit_start(self, trainer) -> None:
+        if trainer.device.type != "cuda":
+            return
+        import torch
+
+        name = torch.cuda.get_device_name(trainer.device)
+        trainer.peak_flops = self.lookup(name, str(trainer.precision), bool(trainer.tf32))
