@@ -95,6 +95,15 @@ def build_data(config: RunConfig) -> DataBundle:
 
 
 def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
+    from trainwise.recipes.language_models import build_language_model, with_method
+
+    model_config = config.model
+    if model_config.hf or model_config.hf_config:
+        return build_language_model(config, spec.num_classes if spec.task == "causal_lm" else None)
+    return with_method(_build_named_model(config, spec), config)
+
+
+def _build_named_model(config: RunConfig, spec: DataSpec) -> nn.Module:
     model_config = config.model
     if model_config.factory:
         build = import_factory(model_config.factory, "model.factory")
