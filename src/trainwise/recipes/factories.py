@@ -118,6 +118,9 @@ def _build_named_model(config: RunConfig, spec: DataSpec) -> nn.Module:
         if model_config.gradient_checkpointing and hasattr(model, "gradient_checkpointing"):
             model.gradient_checkpointing = True
         return model
+    if model_config.name is None:
+        raise ConfigError("no model is named: set model.hf=DIR (a local Hugging Face model directory), "
+                          "model.hf_config=NAME|PATH (random initialisation), a built-in model.name, or model.factory.")
     if model_config.name not in BUILTIN_MODELS:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")
