@@ -16,6 +16,10 @@ import numpy as np
 CALIBRATION_BINS = 15
 
 
+MATRIX_MAX_CLASSES = 1000  # above this, top confusions instead of a confusion matrix
+TOP_CONFUSIONS = 20
+
+
 def as_numpy(values: Any) -> np.ndarray:
     """A torch tensor or array-like as a numpy array (on the CPU)."""
     if hasattr(values, "detach"):
@@ -38,6 +42,17 @@ def confusion_counts(targets: np.ndarray, predicted: np.ndarray, num_classes: in
     return np.bincount(flat, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
 
+def top_confusions(targets: np.ndarray, predicted: np.ndarray, names: Sequence[str],
+                   most: int = TOP_CONFUSIONS) -> list[dict[str, Any]]:
+    """The most frequent mistakes (true class, predicted class, count), for many classes: a confusion matrix
+    of a vocabulary is neither computable nor readable."""
+    wrong = targets != predicted
+    pairs, counts = np.unique(np.stack([targets[wrong], predicted[wrong]], axis=1), axis=0, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:most]
+    return [{"true": names[int(pairs[i, 0])], "predicted": names[int(pairs[i, 1])], "count": int(counts[i])}
+            for i in order]
+
+
 def classification_metrics(targets: Any, probabilities: Any, class_names: Sequence[str] | None = None,
                            *, calibration_bins: int = CALIBRATION_BINS) -> dict[str, Any]:
     """Every classification metric for integer `targets` [N] and class `probabilities` [N, C]."""
@@ -46,11 +61,10 @@ def classification_metrics(targets: Any, probabilities: Any, class_names: Sequen
     n, num_classes = probabilities.shape
     names = list(class_names) if class_names else [str(c) for c in range(num_classes)]
     predicted = probabilities.argmax(axis=1)
-    counts = confusion_counts(targets, predicted, num_classes)
-
-    support = counts.sum(axis=1)
-    predicted_count = counts.sum(axis=0)
-    true_positive = np.diag(counts)
+    # per-class counts without the C x C matrix: a vocabulary of 50k classes would need 20 GB for it
+    support = np.bincount(targets, minlength=num_classes)
+    predicted_count = np.bincount(predicted, minlength=num_classes)
+    true_positive = np.bincount(targets[targets == predicted], minlength=num_classes)
     precision = _ratio(true_positive, predicted_count)
     recall = _ratio(true_positive, support)
     f1 = _ratio(2 * precision * recall, precision + recall)
@@ -75,16 +89,19 @@ def classification_metrics(targets: Any, probabilities: Any, class_names: Sequen
                   "f1": float(f1[seen].mean())},
         "weighted": {"precision": float(weights @ precision[seen]), "recall": float(weights @ recall[seen]),
                      "f1": float(weights @ f1[seen])},
-        "per_class": per_class,
-        "confusion_matrix": {
-            "labels": names, "rows": "true class", "columns": "predicted class",
-            "counts": counts.tolist(),
-            "normalized": (counts / np.maximum(support[:, None], 1)).round(6).tolist(),
-        },
+        "per_class": per_class if num_classes <= MATRIX_MAX_CLASSES else [row for row in per_class if row["support"]
+                                                                          or row["predicted"]],
         "log_loss": log_loss(targets, probabilities),  # also under "loss", to line up with val/loss
         "majority_baseline": {"class": names[majority], "accuracy": float(support[majority] / n),
                               "balanced_accuracy": float(1.0 / (support > 0).sum())},
     }
+    if num_classes <= MATRIX_MAX_CLASSES:
+        counts = confusion_counts(targets, predicted, num_classes)
+        metrics["confusion_matrix"] = {
+            "labels": names, "rows": "true class", "columns": "predicted class", "counts": counts.tolist(),
+            "normalized": (counts / np.maximum(support[:, None], 1)).round(6).tolist()}
+    else:
+        metrics["top_confusions"] = top_confusions(targets, predicted, names)
     metrics["loss"] = metrics["log_loss"]
     metrics.update(calibration(targets, probabilities, bins=calibration_bins))
     if num_classes == 2:

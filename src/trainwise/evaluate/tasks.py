@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from trainwise.errors import ConfigError
-from trainwise.evaluate.metrics import as_numpy, classification_metrics, regression_metrics, softmax
+from trainwise.evaluate.metrics import (MATRIX_MAX_CLASSES, as_numpy, classification_metrics, regression_metrics,
+                                        softmax)
 from trainwise.evaluate.ranking import ranking_metrics, target_ranks
 
 Rows = tuple[list[str], list[list[Any]]]  # header, rows
+IGNORE_INDEX = -100  # a target that is no label (torch's cross-entropy default)
 
 
 @dataclass(frozen=True)
@@ -27,18 +29,30 @@ class EvalTask:
     predictions: Callable[[Any, Any, Sequence[str] | None], Rows]
 
 
+def _counted(outputs, targets):
+    """Outputs [N, C] and targets [N] of the labels that count: per-position outputs [N, C, T...] are
+    flattened (cross-entropy's layout), and targets of -100 (no label: padding, masked tokens) left out."""
+    outputs, targets = as_numpy(outputs), as_numpy(targets).astype(np.int64)
+    if outputs.ndim > 2:
+        outputs, targets = np.moveaxis(outputs, 1, -1).reshape(-1, outputs.shape[1]), targets.reshape(-1)
+    counted = targets != IGNORE_INDEX
+    return outputs[counted], targets[counted]
+
+
 def _classification_metrics(outputs, targets, class_names):
+    outputs, targets = _counted(outputs, targets)
     return classification_metrics(targets, softmax(outputs), class_names)
 
 
 def _classification_rows(outputs, targets, class_names) -> Rows:
+    outputs, targets = _counted(outputs, targets)
     probabilities = softmax(outputs)
     names = list(class_names) if class_names else [str(c) for c in range(probabilities.shape[1])]
     predicted = probabilities.argmax(1)
-    targets = as_numpy(targets).astype(np.int64)
-    header = ["index", "target", "predicted", "correct", "confidence"] + [f"p_{n}" for n in names]
+    each = len(names) <= MATRIX_MAX_CLASSES  # one probability column per class, while that stays readable
+    header = ["index", "target", "predicted", "correct", "confidence"] + ([f"p_{n}" for n in names] if each else [])
     rows = [[i, names[t], names[p], int(t == p), round(float(probabilities[i, p]), 6),
-             *(round(float(x), 6) for x in probabilities[i])]
+             *((round(float(x), 6) for x in probabilities[i]) if each else ())]
             for i, (t, p) in enumerate(zip(targets, predicted))]
     return header, rows
 

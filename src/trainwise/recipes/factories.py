@@ -95,16 +95,11 @@ def build_data(config: RunConfig) -> DataBundle:
 
 
 def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
-    from trainwise.recipes.language_models import build_language_model, with_method
-
     model_config = config.model
-    if model_config.hf or model_config.hf_config:
-        return build_language_model(config, spec.num_classes if spec.task == "causal_lm" else None)
-    return with_method(_build_named_model(config, spec), config)
+    if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/language_model.py)
+        from trainwise.text.language_model import build_language_model
 
-
-def _build_named_model(config: RunConfig, spec: DataSpec) -> nn.Module:
-    model_config = config.model
+        return build_language_model(model_config, spec, seed=config.seed)
     if model_config.factory:
         build = import_factory(model_config.factory, "model.factory")
         kwargs = dict(model_config.args)
@@ -125,8 +120,13 @@ def _build_named_model(config: RunConfig, spec: DataSpec) -> nn.Module:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")
     args = _builtin_args("model.args", MODEL_ARGS[model_config.name], model_config.args)
-    return _call_builtin(BUILTIN_MODELS[model_config.name], "model.args", {
+    model = _call_builtin(BUILTIN_MODELS[model_config.name], "model.args", {
         **args, "data_spec": spec, "gradient_checkpointing": model_config.gradient_checkpointing})
+    if spec.task == "causal_lm":  # the built-in gpt: model.method and model.dtype as for a Hugging Face model
+        from trainwise.text.language_model import apply_language_model_settings
+
+        model = apply_language_model_settings(model, model_config)
+    return model
 
 
 def _builtin_args(field: str, schema: Any, args: dict[str, Any]) -> dict[str, Any]:

@@ -65,6 +65,21 @@ def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal).unsqueeze(1)
 
 
+def attention_mask_4d(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                      length: int) -> torch.Tensor | None:
+    """The [B, 1, T, T] bool mask for packed documents (from position ids) and padding (a [B, T] attention
+    mask: no query attends to a padded key, but each to itself, so no row is empty); None when plain causal
+    attention is all that is needed."""
+    mask = document_mask(position_ids) if position_ids is not None else None
+    if attention_mask is None:
+        return mask
+    device = attention_mask.device
+    if mask is None:
+        mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+    keys = attention_mask.bool()[:, None, None, :]
+    return mask & (keys | torch.eye(length, dtype=torch.bool, device=device))
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -148,16 +163,9 @@ class GPT(nn.Module):
                 attention_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         length = input_ids.shape[1]
         start = cache.seen if cache is not None else 0
-        mask = None  # plain causal attention (the fast kernels)
-        if position_ids is None:
+        mask = None if cache is not None else attention_mask_4d(position_ids, attention_mask, length)
+        if position_ids is None:  # one document a row: plain causal attention (the fast kernels)
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
-        elif cache is None:
-            mask = document_mask(position_ids)
-        if attention_mask is not None and cache is None:  # padding [B, T]: no query attends to a padded key
-            if mask is None:
-                mask = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()[None, None]
-            keys = attention_mask.bool()[:, None, None, :]
-            mask = mask & (keys | torch.eye(length, dtype=torch.bool, device=input_ids.device))  # never an empty row
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         for layer, block in enumerate(self.h):
             if self.gradient_checkpointing and self.training and cache is None:

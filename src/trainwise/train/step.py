@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
+from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, model_inputs, token_loss_sum
 from trainwise.runtime.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,8 +28,6 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # loss), position_ids and optionally attention_mask, each [B, T] (text/packing.py)
 MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
 STEP_RANGE = "trainwise.train_step"
-IGNORE_INDEX = -100  # a label that carries no loss
-MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")  # what a token batch passes to the model
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,6 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of the token cross-entropies (in fp32) over the labels that are not -100."""
-    return nn.functional.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                       reduction="sum")
-
-
 def is_token_batch(batch: object) -> bool:
     return isinstance(batch, Mapping)
 
@@ -66,7 +59,7 @@ def model_logits(outputs: object) -> torch.Tensor:
 def call_model(forward: Callable, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """`forward(input_ids=..., position_ids=..., [attention_mask=...])`; never the labels: the engine computes
     the loss itself."""
-    return model_logits(forward(**{key: batch[key] for key in MODEL_INPUTS if key in batch}))
+    return model_logits(forward(**model_inputs(dict(batch))))
 
 
 def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -144,7 +137,7 @@ class TrainStep:
         self.clipped = dense_gradient_parameters(self.parameters, model)
         self.device_skip = supports_device_skip(optimizer)
         self.model_name = model_name or type(model).__name__  # for messages about the user's model
-        self.token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_loss_sum  # token batches
+        self.loss_chunk_size: int | None = None  # token batches: model.loss_chunk_size
         self.steps_done = 0
 
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
@@ -197,13 +190,18 @@ class TrainStep:
             last = index == len(micro_batches) - 1
             with self.no_sync() if self.no_sync is not None and not (last or local) else nullcontext():
                 with autocast(self.precision, self.device):
-                    logits = self._call("the forward", call_model, forward, batch, inputs=batch["input_ids"])
-                    total = self._call("the loss", self.token_loss, logits, batch["labels"],
+                    total = self._call("the forward", self._token_loss, forward, batch,
                                        inputs=batch["input_ids"]) * scale
-                    del logits
                 self.scaler.scale(total).backward()
             loss += total.detach()
         return loss
+
+    def _token_loss(self, forward: Callable, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One micro-batch's summed token loss; with model.loss_chunk_size the head and cross-entropy run a
+        chunk of tokens at a time on the plain model (llm/loss.py), so the logits never exist whole."""
+        if self.loss_chunk_size:
+            return lm_loss_sum(self.model, batch, self.loss_chunk_size)
+        return token_loss_sum(call_model(forward, batch), batch["labels"])
 
     def _call(self, what: str, function: Callable, *args, inputs: torch.Tensor | None = None):
         """Call the model or the loss; what they raise on a real batch is reported as the user's to fix,

@@ -104,6 +104,7 @@ class Trainer:
                                     forward=self.forward,
                                     no_sync=no_sync, augment=augment,
                                     model_name=config.model.factory or config.model.name)
+        self.train_step.loss_chunk_size = config.model.loss_chunk_size
         self.health = StepHealth(self.device)
         self._outcome: StepOutcome | None = None
         # inference keeps no activations for backward: twice the training micro-batch fits where it did
