@@ -12,7 +12,7 @@ from trainwise.text.data import text_bundle
 from trainwise.text.gpt import GPT, GPTConfig
 from trainwise.train.host_syncs import HostSyncCounter
 from trainwise.train.progress import _describe
-from trainwise.train.token_figures import flops_per_token, token_figures
+from trainwise.train.language_model import flops_per_token, token_figures
 from trainwise.train.trainer import Trainer
 
 

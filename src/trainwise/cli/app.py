@@ -114,7 +114,7 @@ def train(
 def _peak_flops():
     """The card's catalogue peak for the run's MFU (the engine does not import the planner)."""
     from trainwise.plan.planner import device_peak_flops
-    from trainwise.train.token_figures import PeakFlops
+    from trainwise.train.language_model import PeakFlops
 
     return PeakFlops(device_peak_flops)
 
@@ -245,9 +245,9 @@ def _print_outcome(summary: dict, path: Path) -> None:
 
 
 def _register_command_groups() -> None:
-    from trainwise.cli import data, diagnose, doctor, evaluate, plan, recsys, telemetry
+    from trainwise.cli import data, diagnose, doctor, evaluate, plan, recsys, telemetry, text
 
-    for group in (plan, doctor, telemetry, data, diagnose, evaluate, recsys):
+    for group in (plan, doctor, telemetry, data, diagnose, evaluate, recsys, text):
         group.register(app)
 
 

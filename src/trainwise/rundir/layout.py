@@ -18,6 +18,7 @@ directory alone, on another machine, after the fact.
       lr_find.json/.png   the LR range test, when `trainwise lr-find --out RUN` ran
       report.html         self-contained report (report.md with --format md)
       error.log           the full traceback of a run that failed
+      tokenizer/          text runs: the tokenizer the data was made with, and the sequence length
       tensorboard/        TensorBoard event files mirroring metrics.jsonl, when tensorboard is installed
       checksums.json      SHA-256 and size of each checkpoint and of the final weights (integrity.py)
       .lock               held by the one process writing the run; says which (lock.py)
@@ -102,8 +103,9 @@ class RunDir:
         """The top-level names a run directory may hold: what --overwrite may replace."""
         run = RunDir(".")
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
-                 run.model_path, run.adapter_dir, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
-                 run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path, run.checksums_path]
+                 run.model_path, run.adapter_dir, run.summary_path, run.eval_dir, run.report_path("html"),
+                 run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path,
+                 run.checksums_path, run.tokenizer_dir]
         return frozenset(path.name for path in paths)
 
     @classmethod
@@ -176,6 +178,10 @@ class RunDir:
 
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
 
     @property
     def lr_find_paths(self) -> tuple[Path, Path]:

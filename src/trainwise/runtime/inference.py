@@ -1,7 +1,6 @@
 """Evaluation inside training (loss and headline metrics on a split) and plain prediction."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -9,7 +8,7 @@ from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
 from trainwise.runtime.precision import Precision, autocast
-from trainwise.train.step import IGNORE_INDEX, call_model, is_token_batch, token_loss_sum
+from trainwise.train.step import IGNORE_INDEX, is_token_batch
 
 
 @torch.no_grad()
@@ -58,31 +57,14 @@ def yields_token_batches(dataset: Dataset | None) -> bool:
     return is_token_batch(dataset[0])
 
 
-@torch.no_grad()
 def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 16,
                   precision: Precision = "fp32") -> dict[str, float]:
-    """Validation of a language model, streamed: per batch the summed token loss, the label-token count and
-    the correct next-token guesses are added up on the device; no logits leave it, one transfer at the end.
-    Labels of -100 count nowhere."""
+    """Validation of a language model, streamed (text/lm_eval.py): loss, perplexity, token accuracy."""
+    from trainwise.text.lm_eval import token_metrics as measure
+
     device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, correct
-    try:
-        for batch in _batches_from(dataset, 0, batch_size):
-            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-            with autocast(precision, device):
-                logits = call_model(model, batch)
-            labels = batch["labels"]
-            counted = labels != IGNORE_INDEX
-            sums += torch.stack([token_loss_sum(logits, labels).double(), counted.sum().double(),
-                                 ((logits.argmax(-1) == labels) & counted).sum().double()])
-            del logits
-    finally:
-        model.train(was_training)
-    loss, tokens, correct = sums.tolist()
-    mean = loss / max(tokens, 1)
-    return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "token_accuracy": correct / max(tokens, 1)}
+    return measure(model, _batches_from(dataset, 0, batch_size), device=device,
+                   autocast=lambda: autocast(precision, device))
 
 
 def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,

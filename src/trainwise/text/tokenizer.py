@@ -20,6 +20,7 @@ from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import ConfigError, DataError
 
 KIND_FILE = "trainwise_tokenizer.json"  # which of the kinds below a saved tokenizer directory holds
+SEQUENCE_FILE = "trainwise_sequence.json"  # a run's copy: the sequence length its model was built for
 END_OF_TEXT = "<|endoftext|>"
 
 
@@ -220,3 +221,15 @@ def resolve_tokenizer(spec: str | None, train_size: int | None, texts: Iterable[
     if spec in (None, "bytes"):
         return ByteTokenizer()
     return load_tokenizer(spec)
+
+
+def record_sequence_length(directory: Path, seq_len: int) -> None:
+    """Beside a run's copy of its tokenizer: the sequence length the model trained with."""
+    atomic_write_json(Path(directory) / SEQUENCE_FILE, {"seq_len": int(seq_len)})
+
+
+def recorded_sequence_length(directory: Path) -> int | None:
+    try:
+        return int(json.loads((Path(directory) / SEQUENCE_FILE).read_text())["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

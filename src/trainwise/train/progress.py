@@ -32,7 +32,7 @@ class TrainingConsole(Console):
 def _describe(record: dict, device_type: str = "cpu") -> str:
     rate = f"{record['samples_per_s']:,.0f} samples/s"
     if "tokens_per_s" in record:
-        from trainwise.train.token_figures import mfu_text
+        from trainwise.train.language_model import mfu_text
 
         rate = f"{record['tokens_per_s']:,.0f} tokens/s  {mfu_text(record, device_type)}"
     return f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {rate}  data wait {record['data_wait_fraction']:.0%}"

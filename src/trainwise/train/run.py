@@ -52,6 +52,10 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         raise_for_errors(findings)
     model = build_model(config, bundle.spec)
     callbacks = [*callbacks, SanityFindings(findings)]
+    if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
+        from trainwise.train.language_model import KeepTokenizer
+
+        callbacks.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
     return Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=callbacks,
                    data_spec=bundle.spec, augment=bundle.augment)
 

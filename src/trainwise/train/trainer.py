@@ -47,7 +47,7 @@ from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
-from trainwise.train.token_figures import flops_per_token, token_figures, tokens_in
+from trainwise.train.language_model import flops_per_token, token_figures, tokens_in
 from trainwise.train.timing import StepTimer
 from trainwise.train.adapters import save_adapter
 from trainwise.runtime.model_state import save_record
@@ -329,7 +329,7 @@ class Trainer:
         record = {"split": "train", "step": self.step, "epoch": self.epoch, **timing,
                   "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                   "skipped_steps": self.skipped_steps}
-        if "tokens_per_s" in timing:  # a language model: tokens/s and MFU (train/token_figures.py)
+        if "tokens_per_s" in timing:  # a language model: tokens/s and MFU (train/language_model.py)
             record.update(token_figures(timing["tokens_per_s"], flops_per_token(self.model, self._seq_len),
                                         self.peak_flops))
         self.run_dir.log_metrics(record)

@@ -1,5 +1,5 @@
-"""Language-model training figures: tokens/s and model FLOPs utilisation (MFU), per rank, as torchtitan
-reports them.
+"""The engine's language-model pieces: tokens/s and model FLOPs utilisation (MFU), per rank, as torchtitan
+reports them; and the run's copy of its tokenizer (RUN/tokenizer), which generation and export read.
 
 MFU = tokens/s × training FLOPs per token / the card's dense peak for the run's precision. FLOPs per token
 are 6N + 12·L·H·Q·T (PaLM, appendix B): 6 per weight of the matrix products (forward 2, backward 4) and
@@ -9,10 +9,13 @@ the progress line says so instead of printing a number).
 """
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from torch import nn
 
+from trainwise.text.tokenizer import record_sequence_length
 from trainwise.train.callbacks import Callback
 from trainwise.train.step import MicroBatch, is_token_batch
 
@@ -86,3 +89,21 @@ class PeakFlops(Callback):
 
         name = torch.cuda.get_device_name(trainer.device)
         trainer.peak_flops = self.lookup(name, str(trainer.precision), bool(trainer.tf32))
+
+
+class KeepTokenizer(Callback):
+    """A text run keeps the tokenizer its data was made with, and its sequence length, in RUN/tokenizer
+    (copied whole, then renamed into place): `trainwise generate` and `export` need nothing else."""
+
+    def __init__(self, source: str | Path, seq_len: int):
+        self.source, self.seq_len = Path(source), seq_len
+
+    def on_fit_start(self, trainer) -> None:
+        target = trainer.run_dir.tokenizer_dir
+        if not trainer.ranks.is_main or target.is_dir():
+            return
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(self.source, partial)
+        record_sequence_length(partial, self.seq_len)
+        partial.rename(target)

@@ -1,0 +1,58 @@
+"""CLI commands for language-model runs: `trainwise generate`, `trainwise export`; app.py calls register(app)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate_command)
+    app.command("export")(export_command)
+
+
+def generate_command(
+    run_dir: Path = typer.Argument(..., help="A language-model run directory (e.g. from `trainwise train lm-gpt`)."),
+    prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
+    max_tokens: int = typer.Option(100, "--max-tokens", help="Tokens to generate at most (it stops at end of text)."),
+    temperature: float = typer.Option(0.8, "--temperature", help="0: greedy (the same text every time); higher: "
+                                      "more varied."),
+    top_k: Optional[int] = typer.Option(50, "--top-k", help="Sample among the k likeliest tokens only."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),
+    trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
+    as_json: bool = typer.Option(False, "--json", help="Print {prompt, text} as JSON."),
+) -> None:
+    """Continue a prompt with a trained language model (KV cache for the built-in gpt)."""
+    from trainwise.text.generate import Sampling, generate_text
+    from trainwise.text.run_model import load_run_model
+    from trainwise.train import resolve_device
+
+    target = resolve_device(device)
+    loaded = load_run_model(run_dir, device=target, trust_code=trust_code)
+    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed)
+    text = generate_text(loaded.model, loaded.tokenizer, prompt, sampling, device=target)
+    if as_json:
+        print(json.dumps({"prompt": prompt, "text": text}))
+    else:
+        console.print(prompt + text, highlight=False, markup=False, soft_wrap=True)
+
+
+def export_command(
+    run_dir: Path = typer.Argument(..., help="A language-model run directory."),
+    to: Path = typer.Option(..., "--to", help="A new (or empty) directory for the Hugging Face model."),
+    trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
+) -> None:
+    """Write a run's final language model as a Hugging Face directory (config.json, model.safetensors, tokenizer)."""
+    from trainwise.text.export import export_run
+
+    result = export_run(run_dir, to, trust_code=trust_code)
+    console.print(f"exported {result['architecture']} to {result['directory']}; tokenizer {result['tokenizer']}",
+                  highlight=False, soft_wrap=True)
+    console.print(f"Load it with: transformers.AutoModelForCausalLM.from_pretrained({str(to)!r})", highlight=False,
+                  soft_wrap=True)
