@@ -103,3 +103,15 @@ def test_over_long_samples_are_truncated_from_the_prompt_side_or_dropped_and_cou
     assert 0 < stats.loss_share < 1 and len(stats.lengths) == 2
     with pytest.raises(DataError, match="no sample is left"):
         encode_all([CHAT], template, bpe, max_tokens=4, too_long="drop")
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", "plain"])
+def test_each_builtin_template_has_a_jinja_twin_that_renders_the_same_text(name):
+    """Exported tokenizers carry the Jinja form: transformers' apply_chat_template must write what trained."""
+    from trainwise.text.chat_templates import JinjaTemplate
+
+    builtin = BUILTIN_TEMPLATES[name]
+    twin = JinjaTemplate(builtin.jinja, {"eos_token": ""})  # the built-in appends the EOS id, not its text
+    messages = CHAT.as_messages()
+    assert "".join(s.text for s in twin.segments(messages)) == "".join(s.text for s in builtin.segments(messages))
+    assert twin.prompt(messages[:3]) == builtin.prompt(messages[:3])

@@ -72,3 +72,34 @@ def test_qlora_is_refused_on_the_cpu_with_the_reason(data, capsys):
     result = invoke(capsys, "train", str(recipe), "--out", str(data / "qlora"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "model.method=qlora cannot train here" in result.stderr and "CUDA" in result.stderr
+
+
+def test_export_merge_writes_a_plain_model_with_the_adapter_models_logits(straight, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    refused = invoke(capsys, "export", str(straight.path), "--to", str(tmp_path / "plain"))
+    assert refused.returncode == 2 and "--merge" in refused.stderr
+    done = invoke(capsys, "export", str(straight.path), "--merge", "--to", str(tmp_path / "merged"))
+    assert done.returncode == 0, done.stderr
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), local_files_only=True).eval()
+    assert not any("lora" in name for name in merged.state_dict())
+    tuned = trained_model(straight)
+    ids = torch.randint(0, merged.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, tuned(input_ids=ids).logits, atol=1e-5)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "merged"))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "reverse a b"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text == "<|im_start|>user\nreverse a b<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_generate_answers_through_the_chat_template(straight, capsys):
+    import json
+
+    done = invoke(capsys, "generate", str(straight.path), "--prompt", "reverse a b c d", "--temperature", "0",
+                  "--max-tokens", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["chat_template"] == "chatml"
+    raw = invoke(capsys, "generate", str(straight.path), "--prompt", "reverse", "--raw", "--temperature", "0",
+                 "--max-tokens", "3", "--json")
+    assert json.loads(raw.stdout.strip().splitlines()[-1])["chat_template"] is None

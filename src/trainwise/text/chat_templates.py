@@ -11,7 +11,9 @@ sample was, so the model sees at `trainwise generate` what it learned on.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from trainwise.errors import DataError
@@ -50,6 +52,7 @@ class BuiltinTemplate:
     system_turn: str | None = None
     user_turn: str | None = None
     close_with_eos: bool = False
+    jinja: str = ""  # the same template in Hugging Face's Jinja form, written into exported tokenizers
 
     def _render_prompt_turn(self, message: dict[str, str]) -> str:
         pattern = {"system": self.system_turn, "user": self.user_turn}.get(message["role"]) or self.turn
@@ -81,14 +84,23 @@ class BuiltinTemplate:
 BUILTIN_TEMPLATES = {
     "chatml": BuiltinTemplate(
         name="chatml", turn="<|im_start|>{role}\n{content}<|im_end|>\n",
-        answer_open="<|im_start|>assistant\n", answer_close="<|im_end|>\n"),
+        answer_open="<|im_start|>assistant\n", answer_close="<|im_end|>\n",
+        jinja="{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
     "llama3": BuiltinTemplate(
         name="llama3", begin="<|begin_of_text|>",
         turn="<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
-        answer_open="<|start_header_id|>assistant<|end_header_id|>\n\n", answer_close="<|eot_id|>"),
+        answer_open="<|start_header_id|>assistant<|end_header_id|>\n\n", answer_close="<|eot_id|>",
+        jinja="<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+              "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
     "plain": BuiltinTemplate(
         name="plain", turn="{content}\n\n", user_turn="### Instruction:\n{content}\n\n",
-        answer_open="### Response:\n", answer_close="\n\n", close_with_eos=True),
+        answer_open="### Response:\n", answer_close="\n\n", close_with_eos=True,
+        jinja="{% for m in messages %}{% if m['role'] == 'user' %}### Instruction:\n{{ m['content'] }}\n\n"
+              "{% elif m['role'] == 'assistant' %}### Response:\n{{ m['content'] }}\n\n{{ eos_token }}"
+              "{% else %}{{ m['content'] }}\n\n{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}### Response:\n{% endif %}"),
 }
 
 
@@ -130,6 +142,34 @@ class JinjaTemplate:
     @property
     def stop_text(self) -> str | None:
         return self.special_tokens.get("eos_token")
+
+
+CHOICE_FILE = "trainwise_chat_template.json"  # beside a saved tokenizer: the template its data was rendered with
+
+
+def template_record(template: ChatTemplate) -> dict[str, Any]:
+    """What a manifest and a run keep, so prompts are rendered later exactly as the training data was."""
+    if isinstance(template, JinjaTemplate):
+        return {"name": "tokenizer", "special_tokens": template.special_tokens}
+    return {"name": template.name}
+
+
+def save_template_choice(directory: Path, template: ChatTemplate) -> None:
+    from trainwise.rundir.atomic import atomic_write_json
+
+    atomic_write_json(Path(directory) / CHOICE_FILE, template_record(template))
+
+
+def saved_template(directory: Path, tokenizer: Any) -> ChatTemplate | None:
+    """The chat template recorded beside a tokenizer (an instruction dataset's, or a run's copy); None when
+    the tokenizer's data was plain text."""
+    path = Path(directory) / CHOICE_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("name") in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[record["name"]]
+    return choose_template(None, tokenizer)
 
 
 def template_names() -> list[str]:

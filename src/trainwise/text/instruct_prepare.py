@@ -19,7 +19,7 @@ from typing import Any
 from trainwise.rundir.atomic import atomic_write_bytes
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation, ReadResult, Turn, read_chat_files
-from trainwise.text.chat_templates import BUILTIN_TEMPLATES, ChatTemplate, JinjaTemplate, choose_template
+from trainwise.text.chat_templates import BUILTIN_TEMPLATES, choose_template, save_template_choice, template_record
 from trainwise.text.instruct import EncodeStats, TooLong, encode_all
 from trainwise.text.packing import length_report
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
@@ -102,19 +102,6 @@ def _write_conversations(directory: Path, split: str, conversations: list[Conver
     return {name: {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
 
 
-def template_record(template: ChatTemplate) -> dict[str, Any]:
-    """What the manifest keeps so a run renders prompts with the same template."""
-    if isinstance(template, JinjaTemplate):
-        return {"name": "tokenizer", "special_tokens": template.special_tokens}
-    return {"name": template.name}
-
-
-def template_from_record(record: dict[str, Any], tokenizer: Any) -> ChatTemplate:
-    if record.get("name") in BUILTIN_TEMPLATES:
-        return BUILTIN_TEMPLATES[record["name"]]
-    return choose_template(None, tokenizer)
-
-
 def prepare_chat(to: Path, source: Path, options: Any) -> dict[str, Any]:
     """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields."""
     from trainwise.text.tokenizer import resolve_tokenizer
@@ -146,6 +133,7 @@ def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: I
         if split != "train":
             files.update(_write_conversations(out, split, conversations))
     tokenizer.save(out / TOKENIZER_DIR)
+    save_template_choice(out / TOKENIZER_DIR, template)  # copied into each run with the tokenizer
     fields = {
         "task": "causal_lm", "schema": text_schema(dtype, with_loss_mask=True), "splits": entries, "files": files,
         "tokenizer": tokenizer.describe(), "lengths": length_report(stats["train"].lengths, options.seq_len),
