@@ -9,7 +9,9 @@
    A100 with AMP; the H200 target is ≥ 3,500.
 3. GPT-2 small (124M) with torch.compile and bf16 through Trainer.fit(): tokens/s and model FLOPs
    utilisation against the card's dense bf16 peak (H200: 989 TFLOP/s); target ≥ 50% MFU.
-4. The recommenders (benchmarks/recsys.py's throughput): `shop-sasrec` and `shop-din` at the default
+4. A 1B Llama-style model (Llama-3.2-1B's config, random init) trained in pure bf16 through the Trainer on
+   token batches: tokens/s, MFU (the Trainer's own figures) and the allocator's peak.
+5. The recommenders (benchmarks/recsys.py's throughput): `shop-sasrec` and `shop-din` at the default
    generator size with the recipes' precision (bf16 on the card), training events/s through the Trainer.
 Beside each: the data-wait share the Trainer measured and the telemetry it recorded (GPU utilisation,
 temperature). Results go to benchmarks/results/gpu.json (gpu_dry_run.json for a dry run).
@@ -104,6 +106,69 @@ def gpt2(tmp: Path, dry: bool, device: str, peak: float | None) -> dict:
     return result
 
 
+class RandomTokens(torch.utils.data.Dataset):
+    """Token batches of random ids (the batch contract: input_ids, labels aligned, position_ids)."""
+
+    batched = True
+    reads_in_place = True
+
+    def __init__(self, rows: int, length: int, vocabulary: int):
+        self.ids = torch.randint(0, vocabulary, (rows, length + 1))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {key: value[0] for key, value in self.__getitems__([index]).items()}
+
+    def __getitems__(self, indices) -> dict:
+        rows = self.ids[torch.as_tensor(indices)]
+        length = rows.shape[1] - 1
+        return {"input_ids": rows[:, :-1], "labels": rows[:, 1:], "position_ids": torch.arange(length).expand(len(rows), -1)}
+
+
+def llama_1b(tmp: Path, dry: bool, device: str) -> dict:
+    """Llama-3.2-1B's architecture at random init (model.hf_config), full training in pure bf16 weights
+    (model.dtype=bf16) through the Trainer on token batches: tokens/s and MFU from the Trainer's own log, the
+    allocator's peak beside the planner's estimate when the planner can make one."""
+    from trainwise.llm.catalogue import lookup
+    from trainwise.plan.planner import device_peak_flops
+    from trainwise.train.language_model import PeakFlops
+
+    fields = dict(lookup("llama-3.2-1b").config)
+    if dry:
+        fields.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=512)
+    config_file = tmp / "llama-1b.json"
+    config_file.write_text(json.dumps(fields))
+    length, batch, steps = (32, 2, 3) if dry else (2048, 8, 20)
+    raw = train_config(steps, batch, precision(dry), False, device)
+    raw["model"] = {"hf_config": str(config_file), "dtype": "bf16"}
+    raw["telemetry"] = {"enabled": False}
+    config = config_from_dict(raw, source="gpu benchmark")
+    spec = DataSpec(input_shape=(length,), num_classes=fields["vocab_size"], task="causal_lm", input_dtype=torch.long)
+    from trainwise.recipes.factories import build_model
+
+    model = build_model(config, spec)
+    parameters = sum(p.numel() for p in model.parameters())
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    run = RunDir.create(tmp / "llama-1b")
+    started = time.perf_counter()
+    summary = Trainer(model, RandomTokens(batch * 4, length, fields["vocab_size"]), config=config, run_dir=run,
+                      data_spec=spec, callbacks=[PeakFlops(device_peak_flops)]).fit()
+    records = run.read_metrics("train")[1:] or run.read_metrics("train")
+    return {"status": summary["status"], "wall_s": round(time.perf_counter() - started, 1),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records),
+            "mfu": statistics.median(r["mfu"] for r in records) if all("mfu" in r for r in records) else None,
+            "flops_per_token": records[-1]["flops_per_token"],
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+            "planned_peak_bytes": None,  # the LLM planner's figure for this step is issue M's GPU check
+            "setup": {"config": "llama-3.2-1b" + (" (shrunk for the dry run)" if dry else ""), "parameters": parameters,
+                      "seq_len": length, "batch_size": batch, "steps": steps, "weights": "bf16",
+                      "precision": precision(dry)}}
+
+
 def recommenders(tmp: Path, dry: bool, device: str) -> dict:
     from recsys import throughput
 
@@ -148,7 +213,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         result = {"card": name, "peak_bf16_flops": peak, "dry_run": args.dry_run, "smoke": smoke(tmp, args.dry_run),
                   "resnet50": resnet50(tmp, args.dry_run, device), "gpt2": gpt2(tmp, args.dry_run, device, peak),
-                  "recsys": recommenders(tmp, args.dry_run, device)}
+                  "llama_1b": llama_1b(tmp, args.dry_run, device), "recsys": recommenders(tmp, args.dry_run, device)}
     for recipe, figures in result["recsys"].items():
         print(f"{recipe}: {figures['events_per_s']:,.0f} training events/s")
     measured = {"resnet50_images_per_s": result["resnet50"]["images_per_s"], "gpt2_mfu": result["gpt2"]["mfu"]}

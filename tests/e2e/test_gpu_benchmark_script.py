@@ -21,6 +21,8 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     assert result["resnet50"]["status"] == "completed" and result["resnet50"]["images_per_s"] > 0
     assert result["gpt2"]["status"] == "completed" and result["gpt2"]["tokens_per_s"] > 0
     assert result["gpt2"]["model_flops_per_token"] > 6 * result["gpt2"]["setup"]["parameters"] * 0.5
+    assert result["llama_1b"]["status"] == "completed" and result["llama_1b"]["tokens_per_s"] > 0
+    assert result["llama_1b"]["setup"]["weights"] == "bf16" and result["llama_1b"]["flops_per_token"] > 0
     assert 0 <= result["resnet50"]["data_wait_fraction"] <= 1
     assert result["resnet50"]["telemetry"]["samples"] >= 1  # telemetry was recorded with the run
     for recipe in ("shop-sasrec", "shop-din"):  # the recommenders' training events/s through the Trainer

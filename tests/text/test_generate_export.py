@@ -60,3 +60,16 @@ def test_export_gives_the_same_logits_in_transformers(text_run, tmp_path, capsys
     assert tokenizer.decode(tokenizer.encode("Document 3.")) == "Document 3."
     again = invoke(capsys, "export", str(text_run), "--to", str(tmp_path / "hf"))
     assert again.returncode == 2 and "not an empty directory" in again.stderr
+
+
+def test_eval_and_report_of_a_language_model(text_run, capsys):
+    assert invoke(capsys, "eval", str(text_run), "--json").returncode == 0
+    metrics = json.loads((text_run / "eval" / "metrics.json").read_text())
+    assert metrics["task"] == "causal_lm" and "confusion_matrix" not in metrics
+    assert metrics["perplexity"] == pytest.approx(torch.tensor(metrics["loss"]).exp().item(), rel=1e-6)
+    assert 0 <= metrics["token_accuracy"] <= 1 and metrics["loss_by_position"][0]["positions"] == "0"
+    assert len(metrics["generations"]) >= 1 and metrics["top_confusions"]
+    assert invoke(capsys, "report", str(text_run), "--format", "md").returncode == 0
+    report = (text_run / "report.md").read_text()
+    for heading in ("perplexity", "## Language model", "Generations", "tokens seen", "by position"):
+        assert heading in report

@@ -20,6 +20,7 @@ from trainwise.errors import ConfigError, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
 from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.calibration import calibration_verdict
+from trainwise.evaluate.report_lm import language_model_section
 from trainwise.evaluate.report_recsys import recsys_section
 from trainwise.evaluate.run_eval import read_evals
 from trainwise.rundir.layout import RunDir
@@ -94,6 +95,7 @@ def gather(run: RunDir) -> dict[str, Any]:
         "evaluations": evaluations, "split_table": split_table(evaluations), "calibration_verdict": calibration,
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
+        "language_model": language_model_section(run, records, evaluation, config),  # evaluate/report_lm.py
     }
 
 
@@ -145,6 +147,10 @@ def headline(evaluation: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows += [("MAE", _fmt(evaluation["mae"]), f"predict the mean: {_fmt(base['mae'])}"),
                  ("RMSE", _fmt(evaluation["rmse"]), f"predict the mean: {_fmt(base['rmse'])}"),
                  ("R²", _fmt(evaluation["r2"]), "predict the mean: 0")]
+    elif task == "causal_lm":
+        rows += [("perplexity", _fmt(evaluation["perplexity"]), "1 = always sure and right; a uniform guess = the vocabulary size"),
+                 ("token accuracy", _fmt(evaluation["token_accuracy"]), "the next token guessed right"),
+                 ("loss (nats per token)", _fmt(evaluation["loss"]), "")]
     elif task == "ranking":
         chance = evaluation.get("random_baseline", {})
         rows.append(("MRR", _fmt(evaluation["mrr"]), ""))
@@ -275,6 +281,7 @@ def render_markdown(facts: dict[str, Any]) -> str:
               for f in facts["diagnosis"]] or ["No findings: the curves, throughput, memory and GPUs look healthy."]
     lines += ["", "## Evaluation", ""] + _markdown_evaluation(facts)
     lines += facts["recommender"].markdown() if facts.get("recommender") else []
+    lines += facts["language_model"].markdown() if facts.get("language_model") else []
     lr_find = facts["lr_find"]
     if lr_find:
         lines += ["", "## LR range test", "", f"Suggested learning rate **{lr_find['suggestion']:.3g}**: "
@@ -311,7 +318,11 @@ def _markdown_evaluation(facts: dict[str, Any]) -> list[str]:
         lines += ["", "| class | precision | recall | F1 | support | predicted |", "|---|---|---|---|---|---|"]
         lines += [f"| {c['class']} | {_fmt(c['precision'])} | {_fmt(c['recall'])} | {_fmt(c['f1'])} | "
                   f"{c['support']} | {c['predicted']} |" for c in evaluation["per_class"]]
-        matrix = evaluation["confusion_matrix"]
+    matrix = evaluation.get("confusion_matrix") if evaluation else None
+    if evaluation and evaluation.get("top_confusions") and evaluation.get("task") == "classification":
+        lines += ["", "Most frequent confusions:", ""] + [f"- {c['true']} → {c['predicted']}: {c['count']}"
+                                                            for c in evaluation["top_confusions"]]
+    if evaluation and evaluation.get("per_class") and matrix:
         lines += ["", "Confusion matrix (rows: true, columns: predicted):", "",
                   "| true \\ predicted | " + " | ".join(matrix["labels"]) + " |",
                   "|---|" + "---|" * len(matrix["labels"])]

@@ -2,7 +2,8 @@
 
 `token_metrics` is what validation during training logs (loss, perplexity, token accuracy); `detailed`
 adds what `trainwise eval` reports: the loss by position in the document (how much context helps), and
-the most frequent wrong next-token guesses (a vocabulary has no readable confusion matrix).
+the most frequent wrong next-token guesses (a vocabulary has no readable confusion matrix);
+`evaluate_language_model` adds greedy continuations of fixed prompts.
 """
 from __future__ import annotations
 
@@ -90,3 +91,36 @@ def _top_confusions(mistakes: list[torch.Tensor]) -> list[dict[str, int]]:
     pairs, counts = torch.cat(mistakes).cpu().unique(dim=0, return_counts=True)
     order = counts.argsort(descending=True, stable=True)[:TOP_CONFUSIONS]
     return [{"true": int(pairs[i, 0]), "predicted": int(pairs[i, 1]), "count": int(counts[i])} for i in order]
+
+
+SAMPLE_PROMPTS = 3  # documents of the split whose opening becomes a prompt
+PROMPT_TOKENS = 24
+SAMPLE_TOKENS = 48
+
+
+def evaluate_language_model(model: nn.Module, dataset: Any, *, device: torch.device,
+                            batch_size: int = 8) -> tuple[dict[str, Any], tuple[list[str], list[list[Any]]]]:
+    """`trainwise eval` of a text split (PackedTextDataset.evaluate_model): the streamed metrics with the loss
+    by position and the top confusions named by their text, greedy continuations of fixed prompts (the
+    openings of the split's first documents), and the loss by position as the predictions table."""
+    from trainwise.text.generate import Sampling, generate_ids
+    from trainwise.text.tokenizer import load_tokenizer
+    from trainwise.text.tokens import TOKENIZER_DIR
+
+    model.to(device)
+    n = len(dataset)
+    batches = (dataset.__getitems__(list(range(i, min(i + batch_size, n)))) for i in range(0, n, batch_size))
+    metrics = token_metrics(model, batches, device=device, detailed=True)
+    tokenizer = load_tokenizer(dataset.stream.directory / TOKENIZER_DIR)
+    for row in metrics["top_confusions"]:
+        row["true"], row["predicted"] = tokenizer.decode([row["true"]]), tokenizer.decode([row["predicted"]])
+    stream, samples = dataset.stream, []
+    for document in range(min(SAMPLE_PROMPTS, stream.documents)):
+        start = int(stream.offsets[document])
+        prompt = stream.tokens(start, min(start + PROMPT_TOKENS, int(stream.offsets[document + 1]))).tolist()
+        out = generate_ids(model, prompt, Sampling(max_tokens=SAMPLE_TOKENS, temperature=0),
+                           eos_id=tokenizer.eos_id, device=device)
+        samples.append({"prompt": tokenizer.decode(prompt), "continuation": tokenizer.decode(out)})
+    metrics.update(task="causal_lm", samples=int(metrics["tokens"]), generations=samples)
+    rows = [[row["positions"], row["tokens"], round(row["loss"], 6)] for row in metrics["loss_by_position"]]
+    return metrics, (["positions", "tokens", "loss"], rows)

@@ -100,6 +100,12 @@ class PackedTextDataset(Dataset):
         samples = [self.__getitem__(int(i)) for i in indices]
         return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
 
+    def evaluate_model(self, model: torch.nn.Module, *, device: torch.device):
+        """`trainwise eval` of this split: metrics and a table (text/lm_eval.py)."""
+        from trainwise.text.lm_eval import evaluate_language_model
+
+        return evaluate_language_model(model, self, device=device)
+
     @property
     def packing_efficiency(self) -> float:
         """Share of the packed positions that hold real tokens (the rest is padding)."""

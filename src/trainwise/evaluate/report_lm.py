@@ -1,0 +1,73 @@
+"""The report's section for a language-model run: what the model writes for fixed prompts, how the loss
+falls with context (by position in the document) and with tokens seen, its most frequent wrong guesses, and
+the training throughput (tokens/s, MFU). From the run directory alone: its records and `trainwise eval`'s
+metrics.json (task causal_lm)."""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from trainwise.run import RunDir
+
+
+class LanguageModelSection(dict):
+    """Renders itself in a Jinja template (`{{ language_model }}`) and as Markdown."""
+
+    def __html__(self) -> str:
+        parts = ["<section><h2>Language model</h2>"]
+        if self.get("throughput"):
+            parts.append(f"<p>{html.escape(self['throughput'])}</p>")
+        for title, header, rows in self.tables():
+            parts.append(f"<h3>{html.escape(title)}</h3><table><tr>" + "".join(f"<th>{html.escape(h)}</th>"
+                                                                               for h in header) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows]
+            parts.append("</table>")
+        return "".join(parts) + "</section>"
+
+    def markdown(self) -> list[str]:
+        lines = ["", "## Language model", ""] + ([self["throughput"], ""] if self.get("throughput") else [])
+        for title, header, rows in self.tables():
+            lines += [f"### {title}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+            lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", "⏎") for c in row) + " |"
+                      for row in rows]
+            lines.append("")
+        return lines
+
+    def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
+        found = []
+        if self.get("generations"):
+            found.append(("Generations (greedy, fixed prompts: the openings of the test documents)",
+                          ["prompt", "continuation"], [[g["prompt"], g["continuation"]] for g in self["generations"]]))
+        if self.get("by_tokens"):
+            found.append(("Validation loss against tokens seen", ["step", "tokens seen", "val loss"], self["by_tokens"]))
+        if self.get("loss_by_position"):
+            found.append(("Test loss by position in the document", ["positions", "tokens", "loss"],
+                          [[r["positions"], r["tokens"], f"{r['loss']:.4f}"] for r in self["loss_by_position"]]))
+        if self.get("top_confusions"):
+            found.append(("Most frequent wrong next tokens", ["expected", "predicted", "count"],
+                          [[repr(r["true"]), repr(r["predicted"]), r["count"]] for r in self["top_confusions"]]))
+        return found
+
+
+def language_model_section(run: RunDir, records: list[dict[str, Any]], evaluation: dict[str, Any] | None,
+                           config: Any) -> LanguageModelSection | None:
+    """The section's facts, or None when the run is not a language model."""
+    train = [r for r in records if r.get("split") == "train" and "tokens_per_s" in r]
+    if not train and (evaluation or {}).get("task") != "causal_lm":
+        return None
+    from trainwise.text.tokenizer import recorded_sequence_length
+
+    section = LanguageModelSection()
+    if train:
+        last = train[-1]
+        mfu = f", MFU {last['mfu']:.1%}" if "mfu" in last else " (no MFU: no catalogue peak for this device)"
+        section["throughput"] = f"Training ran at {last['tokens_per_s']:,.0f} tokens/s per rank{mfu}."
+    seq_len = recorded_sequence_length(run.tokenizer_dir) or (config.data.seq_len if config else None)
+    if seq_len and config:
+        per_step = config.train.batch_size * seq_len
+        section["by_tokens"] = [[r["step"], f"{r['step'] * per_step:,}", f"{r['loss']:.4f}"]
+                                for r in records if r.get("split") == "val" and "loss" in r]
+    if evaluation and evaluation.get("task") == "causal_lm":
+        for key in ("generations", "loss_by_position", "top_confusions"):
+            section[key] = evaluation.get(key) or []
+    return section
