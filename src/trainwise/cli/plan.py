@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
 
 
 def plan(
-    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file; or a "
+                                 "language model: a catalogue name (--list-models), a config.json or a Hugging "
+                                 "Face model directory (no weights needed)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. train.batch_size=256."),
     gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="Only these cards (repeatable), e.g. --gpu A100-80GB."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most cards a multi-GPU option may use."),
@@ -33,13 +35,38 @@ def plan(
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node: per-rank memory "
                                         "of DDP and FSDP on each card, and which strategy to use."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
+    method: str = typer.Option("full", "--method", help="Language models: full, freeze, lora or qlora."),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Language models: tokens per sequence."),
+    batch: int = typer.Option(16, "--batch", help="Language models: sequences per optimizer step."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Language models: sequences per "
+                                              "forward/backward (default: the whole batch)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Language models: weights in fp32 (master) or bf16 (pure)."),
+    precision: str = typer.Option("bf16", "--precision", help="Language models: autocast bf16, fp16 or fp32."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="Language models: adamw, adamw8bit or sgd."),
+    checkpointing: bool = typer.Option(False, "--checkpointing", help="Language models: gradient checkpointing."),
+    loss_chunk: Optional[int] = typer.Option(None, "--loss-chunk", help="Language models: cross-entropy this "
+                                             "many tokens at a time (the logits never whole)."),
+    lora_rank: int = typer.Option(16, "--lora-rank", help="Language models: LoRA rank (lora, qlora)."),
+    trainable_blocks: int = typer.Option(2, "--trainable-blocks", help="Language models, freeze: last blocks "
+                                         "that train."),
+    list_models: bool = typer.Option(False, "--list-models", help="List the catalogue of language models."),
 ) -> None:
     """Which GPU fits this training job, how long it takes and what it costs (no GPU needed)."""
+    from trainwise.cli.plan_llm import language_model_plan, list_catalogue, lm_recipe_plan
     from trainwise.plan.catalog import parse_rates
     from trainwise.plan.planner import PlanRequest, make_plan
     from trainwise.recipes import load_recipe
 
+    if list_models:
+        return list_catalogue()
+    lm_flags = dict(method=method, seq_len=seq_len, batch_size=batch, micro_batch_size=micro_batch, dtype=dtype,
+                    precision=precision, optimizer=optimizer, gradient_checkpointing=checkpointing,
+                    loss_chunk_size=loss_chunk, lora_rank=lora_rank, trainable_blocks=trainable_blocks)
+    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json):
+        return None
     config = load_recipe(recipe, overrides or [])
+    if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json):
+        return None
     request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
                           deadline_hours=deadline, prices_file=prices, currency=currency,
                           rates=parse_rates(rate or []), probe=probe, nproc=nproc)

@@ -97,15 +97,19 @@ def resolve_config(spec: "str | dict[str, Any]", **overrides: Any):
                           f"{model_type!r}: {exc}. Upgrading transformers may add it.") from None
 
 
-def build_model(config, device: "str | torch.device" = "meta", dtype: "str | torch.dtype" = "float32") -> "nn.Module":
-    """A randomly initialised causal LM from `config`, its parameters in `dtype` on `device`.
+def build_model(config, device: "str | torch.device | None" = "meta",
+                dtype: "str | torch.dtype" = "float32") -> "nn.Module":
+    """A randomly initialised causal LM from `config`, its parameters in `dtype` on `device` (None: torch's
+    current default device).
 
     On `meta` nothing is allocated (shapes only): the planner builds there, then traces on fake tensors."""
+    import contextlib
+
     import torch
     transformers = require("transformers", "building a Hugging Face model")
     for attention in (ATTENTION, FALLBACK_ATTENTION):
         try:
-            with torch.device(device):
+            with torch.device(device) if device is not None else contextlib.nullcontext():
                 return transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype),
                                                                      attn_implementation=attention)
         except ValueError as exc:

@@ -135,3 +135,26 @@ def lm_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_size: int | None 
         return token_loss_sum(getattr(output, "logits", output), batch["labels"])
     hidden_states, head, softcap = hidden_and_head(model)
     return chunked_token_loss_sum(hidden_states(**inputs), head, batch["labels"], chunk_size, softcap)
+
+
+class HiddenStates(nn.Module):
+    """The model up to its last hidden state, as a module (hooks and `.parameters()` see the model)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self._hidden, self.head, self.softcap = hidden_and_head(model)
+
+    def forward(self, **inputs: Any) -> torch.Tensor:
+        return self._hidden(**inputs)
+
+
+def chunked_loss_functions(model: nn.Module, chunk_size: int):
+    """(forward, token_loss) for a step whose loss never holds all logits: `forward(**inputs)` returns the
+    last hidden states and `token_loss(hidden, labels)` the summed chunked cross-entropy. The engine and the
+    planner install them on a TrainStep (`step.forward`, `step.token_loss`)."""
+    forward = HiddenStates(model)
+
+    def token_loss(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return chunked_token_loss_sum(hidden, forward.head, labels, chunk_size, forward.softcap)
+    return forward, token_loss

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from trainwise.config import OptimConfig
 from trainwise.plan.flops import FlopTally
+from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
 from trainwise.train.optim import build_optimizer
 from trainwise.runtime.precision import make_scaler
 from trainwise.train.step import TrainStep, default_loss
@@ -69,6 +70,13 @@ class TrainingStep:
     # Per-sample target shape: () for one label per sample, (positions,) for a label per position
     # (next-item recommenders, token models)
     target_shape: tuple[int, ...] = ()
+    # Language models (plan/llm_step.py): dict batches of input_ids/labels/position_ids of input_shape (T,),
+    # the model built on the meta device outside the fake mode (casts, peft wrappers and tied weights then
+    # work; the trace converts its tensors), and `prepare` adjusts the TrainStep (a chunked loss).
+    token_batches: bool = False
+    build_on_meta: bool = False
+    prepare: Callable[[TrainStep], None] | None = None
+    count_flops: bool = True  # False: skip the FLOP-counting pass (a trace read for its memory only)
 
     def at_micro_batch(self, micro_batch_size: int) -> "TrainingStep":
         return replace(self, micro_batch_size=micro_batch_size)
@@ -98,6 +106,10 @@ class StepTrace:
     optimizer_ops: int
     device_kind: DeviceKind
     precision: str
+    peak_where: str = ""  # "forward of model.layers.3.mlp", "backward", "optimizer step"
+    # each part's peak and its split: forward/backward ("micro_batches") and the optimizer step ("optimizer")
+    part_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
+    part_where: dict[str, str] = field(default_factory=dict)
 
 
 # ---- the step itself: the Trainer's own, traced here and measured by the probe and the benchmark ----------
@@ -106,15 +118,26 @@ def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
                      to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainStep:
     """train/step.py's TrainStep with `step`'s settings, built from the same factories the Trainer uses:
     its optimizer (fused, decay groups), its loss, its scaler, its clipping."""
-    optimizer = build_optimizer(model, OptimConfig(name=step.optimizer, **step.optimizer_args))
-    return TrainStep(model, optimizer, loss_fn=default_loss(step.task, step.label_smoothing),
-                     precision=step.precision, device=device, accumulation_steps=step.accumulation_steps,
-                     grad_clip_norm=step.grad_clip_norm, scaler=make_scaler(step.precision, device),
-                     to_device=to_device)
+    if step.optimizer in PLANNED_OPTIMIZERS:  # stand-ins with the real one's memory (plan/optimizers.py)
+        optimizer = PLANNED_OPTIMIZERS[step.optimizer](model, step.optimizer_args)
+    else:
+        optimizer = build_optimizer(model, OptimConfig(name=step.optimizer, **step.optimizer_args))
+    train_step = TrainStep(model, optimizer, loss_fn=default_loss(step.task, step.label_smoothing),
+                           precision=step.precision, device=device, accumulation_steps=step.accumulation_steps,
+                           grad_clip_norm=step.grad_clip_norm, scaler=make_scaler(step.precision, device),
+                           to_device=to_device)
+    if step.prepare is not None:
+        step.prepare(train_step)
+    return train_step
 
 
-def make_batch(step: TrainingStep, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(step: TrainingStep, device: torch.device | str = "cpu"):
     shape = (step.micro_batch_size, *step.input_shape)
+    if step.token_batches:  # the batch contract of text data: labels aligned with the outputs
+        ids = torch.randint(0, step.vocabulary_size or 2, shape, device=device)
+        positions = torch.arange(shape[-1], device=device).expand(shape).contiguous()
+        return {"input_ids": ids, "labels": torch.randint(0, step.vocabulary_size or 2, shape, device=device),
+                "position_ids": positions}
     if step.input_dtype.is_floating_point:
         inputs = torch.randn(shape, dtype=step.input_dtype, device=device)
     else:
@@ -164,6 +187,8 @@ class AllocationTracker(TorchDispatchMode):
         self.peak_time = {"micro_batches": 0, "optimizer": 0}
         self.bytes_written = {"micro_batches": 0, "optimizer": 0}
         self.ops = {"micro_batches": 0, "optimizer": 0}
+        self.peak_where = {"micro_batches": "", "optimizer": ""}
+        self.module = ""  # the module whose forward last started (its qualified name)
         self._records: dict[int, _Storage] = {}  # id(storage) -> record, while the storage lives
         self._history: list[_Storage] = []
 
@@ -190,7 +215,7 @@ class AllocationTracker(TorchDispatchMode):
         if record is None:
             self.clock += 1
             size = self._size(storage) if nbytes is None else self._rounded(nbytes)
-            record = _Storage(size, category or self.phase, self.clock)
+            record = _Storage(size, category or self._phase_now(), self.clock)
             self._records[key] = record
             self._history.append(record)
             self.total += record.nbytes
@@ -200,10 +225,25 @@ class AllocationTracker(TorchDispatchMode):
         elif category is not None:
             record.category = category
 
+    def _phase_now(self) -> str:
+        # inside autograd's backward (also a checkpoint's recomputation): a temporary of backward
+        if self.phase == "activations" and torch._C._current_graph_task_id() != -1:
+            return "temporaries"
+        return self.phase
+
     def _check_peak(self) -> None:
         if self.total > self.peak[self.part]:
             self.peak[self.part] = self.total
             self.peak_time[self.part] = self.clock
+            self.peak_where[self.part] = self._where()
+
+    def _where(self) -> str:
+        """Where the step is: forward / backward / optimizer step, and in which module (innermost)."""
+        if self.in_optimizer:
+            return "optimizer step"
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return f"forward of {self.module}" if self.module else "forward"
 
     def workspace(self, nbytes: int) -> None:
         """A buffer a kernel allocates and frees inside itself, unseen by dispatch: only its peak counts."""
@@ -268,8 +308,10 @@ def trace_step(step: TrainingStep) -> StepTrace:
     # On a GPU each micro-batch is copied to the device just before its forward and the host batches
     # are not device memory; on a CPU the Trainer's whole group of micro-batches is the device's.
     to_device = (lambda t: t.clone()) if step.device_kind == "cuda" else (lambda t: t)
+    built = _build_on_meta(step) if step.build_on_meta else None
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        model = _dense_gradients(_into_mode(step.build_model(), mode))
+        model = _dense_gradients(_into_mode(built if built is not None else _build_faked(step), mode))
+        del built
         host_batches = [[make_batch(step) for _ in range(step.accumulation_steps)] for _ in range(2)]
         with tracker:
             for p in model.parameters():
@@ -284,8 +326,9 @@ def trace_step(step: TrainingStep) -> StepTrace:
             state_bytes = sum(value.untyped_storage().nbytes() for state in train_step.optimizer.state.values()
                               for value in state.values() if isinstance(value, torch.Tensor))
         # FLOPs in a pass of their own: FlopCounterMode's module hooks keep checkpointed tensors alive
-        with flops:
-            train_step([make_batch(step)])
+        if step.count_flops:
+            with flops:
+                train_step([make_batch(step)])
     micro_batches = traced_micro_batches(step)
     ops = {part: tracker.ops[part] - ops_before[part] for part in ops_before}
     written = {part: tracker.bytes_written[part] - written_before[part] for part in written_before}
@@ -308,7 +351,34 @@ def trace_step(step: TrainingStep) -> StepTrace:
         optimizer_ops=ops["optimizer"],
         device_kind=step.device_kind,
         precision=step.precision,
+        peak_where=tracker.peak_where[worst],
+        part_breakdowns={part: tracker.live_at(tracker.peak_time[part]) for part in tracker.peak},
+        part_where=dict(tracker.peak_where),
     )
+
+
+def _build_on_meta(step: TrainingStep) -> nn.Module:
+    """The model built on the meta device, outside any fake mode: shapes without memory, where `.to(dtype)`,
+    `.half()` and peft's wrappers work (FakeTensorMode cannot swap a module's parameters)."""
+    with torch.device("meta"):
+        return step.build_model()
+
+
+def _build_faked(step: TrainingStep) -> nn.Module:
+    """The model built inside the fake mode; a builder that casts or wraps its model cannot be (`Couldn't swap
+    Linear.weight`), so it is then built again on the meta device."""
+    try:
+        return step.build_model()
+    except RuntimeError as error:
+        if "swap" not in str(error):
+            raise
+    with _outside_fake_mode():
+        return _build_on_meta(step)
+
+
+def _outside_fake_mode():
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
 
 
 def _into_mode(model: nn.Module, mode) -> nn.Module:
@@ -349,13 +419,13 @@ def _label_gradients(tracker: AllocationTracker, parameters: list[nn.Parameter])
 
 
 def _run_labelled(tracker: AllocationTracker, step: TrainingStep, train_step: TrainStep,
-                  host_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+                  host_batches: list) -> None:
     """One optimizer step. Forward outputs are activations, everything made in backward and the optimizer
     temporaries; the optimizer's moments are relabelled as optimizer state once it has made them."""
     if step.device_kind == "cpu":  # the batches are device memory for the whole step
-        for inputs, targets in host_batches:
-            tracker.track(inputs, "activations")
-            tracker.track(targets, "activations")
+        for batch in host_batches:
+            for tensor in (batch.values() if isinstance(batch, dict) else batch):
+                tracker.track(tensor, "activations")
     model = train_step.model
 
     def forward_phase(_module, _args):
@@ -370,11 +440,14 @@ def _run_labelled(tracker: AllocationTracker, step: TrainingStep, train_step: Tr
                model.register_forward_hook(backward_phase_after)]
     pre = register_optimizer_step_pre_hook(lambda *_: tracker.enter_optimizer())
     post = register_optimizer_step_post_hook(lambda opt, *_: _label_state(tracker, opt))
+    # which module runs, for where the peak falls (a hook that keeps no tensors: torch's ModuleTracker would
+    # keep checkpointed activations alive, as FlopCounterMode does)
+    names = {id(module): name for name, module in model.named_modules()}
+    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, _args: setattr(tracker, "module", names.get(id(module), tracker.module))))
     try:
         computed = host_batches[:traced_micro_batches(step)]
-        loss = torch.zeros(())
-        for index, (inputs, targets) in enumerate(computed):
-            loss += train_step.forward_backward(inputs, targets, last=index == len(computed) - 1)
+        loss = train_step.accumulate(computed)
         train_step.update(loss)
     finally:
         for handle in (*handles, pre, post):
