@@ -110,3 +110,41 @@ def side_by_side(tuned: nn.Module, tokenizer: Any, template: Any, prompts: Seque
         rows.append({"prompt": messages[-1]["content"], "base": before, "tuned": answer,
                      **({"reference": reference} if reference is not None else {})})
     return rows
+
+
+SIDE_BY_SIDE_PROMPTS = 5  # held-out prompts shown base vs tuned in the report
+
+
+def instruction_evaluation(run: Any, config: Any, model: nn.Module, split: str, *, device: torch.device | str,
+                           max_prompts: int = 200) -> dict[str, Any] | None:
+    """For a run fine-tuned on instruction data: exact match on the split's held-out conversations and the
+    base's and the tuned model's answers to a few of them; None for other runs. (Loss, perplexity and token
+    accuracy on the answers are the language-model metrics of the same split: its labels are -100 on every
+    prompt token, so they measure the answers only.)"""
+    from pathlib import Path
+
+    from trainwise.runtime.model_state import find_peft_model
+    from trainwise.text.chat_templates import saved_template
+    from trainwise.text.instruct_prepare import read_held_out
+    from trainwise.text.tokenizer import load_tokenizer
+
+    if not config.data.path or not run.tokenizer_dir.is_dir():
+        return None
+    held_out = read_held_out(Path(config.data.path), split)
+    tokenizer = load_tokenizer(run.tokenizer_dir)
+    template = saved_template(run.tokenizer_dir, tokenizer)
+    if template is None or not held_out:
+        return None
+    model = model.to(device)
+    scored = exact_match(model, tokenizer, template, held_out[:max_prompts], device=device)
+    base = None if find_peft_model(model) is not None else _base_model(config, model)
+    shown = side_by_side(model, tokenizer, template, held_out[:SIDE_BY_SIDE_PROMPTS], base=base, device=device)
+    return {"exact_match": scored["exact_match"], "answers": scored["answers"], "chat_template": template.name,
+            "examples": scored["examples"], "side_by_side": shown}
+
+
+def _base_model(config: Any, tuned: nn.Module) -> nn.Module:
+    """The model before fine-tuning, rebuilt from the run's config (its directory, or its seeded random init)."""
+    from trainwise.recipes.factories import build_data, build_model
+
+    return build_model(config, build_data(config).spec).to(next(tuned.parameters()).device)

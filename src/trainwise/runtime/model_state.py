@@ -17,6 +17,17 @@ SCOPE_KEY = "weights_scope"          # in checkpoints and in model.safetensors' 
 FINGERPRINT_KEY = "frozen_fingerprint"
 
 
+def find_peft_model(model: nn.Module) -> Any | None:
+    """The peft wrapper inside `model` (itself, or a submodule: a trainwise wrapper around it), or None.
+    peft is never imported here: a model can only hold one if peft is already loaded."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    if peft is None:
+        return None
+    return next((m for m in model.modules() if isinstance(m, peft.PeftModel)), None)
+
+
 def frozen_names(model: nn.Module) -> set[str]:
     """State-dict names of the parameters that do not train (tied weights under every name they have)."""
     return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}

@@ -10,23 +10,15 @@ adapter: model.safetensors holds only what trained (runtime/model_state.py).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from trainwise.runtime.model_state import find_peft_model
+
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
-
-
-def find_peft_model(model: nn.Module) -> Any | None:
-    """The peft wrapper inside `model` (itself, or a submodule: a trainwise wrapper around it), or None.
-    peft is never imported here: a model can only hold one if peft is already loaded."""
-    peft = sys.modules.get("peft")
-    if peft is None:
-        return None
-    return next((m for m in model.modules() if isinstance(m, peft.PeftModel)), None)
 
 
 def save_adapter(model: nn.Module, run_dir: "RunDir", base_model: str | None = None) -> Path | None:
