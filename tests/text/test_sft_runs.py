@@ -103,3 +103,20 @@ def test_generate_answers_through_the_chat_template(straight, capsys):
     raw = invoke(capsys, "generate", str(straight.path), "--prompt", "reverse", "--raw", "--temperature", "0",
                  "--max-tokens", "3", "--json")
     assert json.loads(raw.stdout.strip().splitlines()[-1])["chat_template"] is None
+
+
+def test_eval_scores_held_out_answers_and_the_report_shows_base_and_tuned(straight, capsys):
+    import json
+
+    done = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    tuned = result["finetune"]
+    assert tuned["chat_template"] == "chatml" and tuned["answers"] == 8 and 0 <= tuned["exact_match"] <= 1
+    assert len(tuned["side_by_side"]) == 5 and tuned["side_by_side"][0]["reference"].count(" ") == 3
+    assert result["tokens"] > 0  # loss / perplexity / token accuracy over the answers' tokens only
+    table = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final")
+    assert "held-out prompts" in table.stdout and "base and tuned answers" in table.stdout
+    report = invoke(capsys, "report", str(straight.path), "--format", "md")
+    assert report.returncode == 0, report.stderr
+    assert "Fine-tune: exact match" in (straight.path / "report.md").read_text()

@@ -67,10 +67,13 @@ def exact_match(model: nn.Module, tokenizer: Any, template: Any, conversations: 
     """Share of held-out conversations whose last answer the model reproduces exactly."""
     model.eval()
     answers = []
+    # an answer longer than the reference and its end marker cannot match: no need to generate further
+    slack = len(tokenizer.encode(template.stop_text or "")) + 2
     for conversation in conversations:
         prompt, reference = split_prompt(conversation)
+        budget = min(max_new_tokens, len(tokenizer.encode(reference)) + slack)
         answers.append(Answer(prompt[-1]["content"], reference, greedy_answer(
-            model, tokenizer, template, prompt, max_new_tokens=max_new_tokens, device=device)))
+            model, tokenizer, template, prompt, max_new_tokens=budget, device=device)))
     right = sum(a.correct for a in answers)
     return {"exact_match": right / len(answers) if answers else float("nan"), "answers": len(answers),
             "correct": right, "examples": [a.__dict__ | {"correct": a.correct} for a in answers[:MAX_EXAMPLES]]}
@@ -113,6 +116,7 @@ def side_by_side(tuned: nn.Module, tokenizer: Any, template: Any, prompts: Seque
 
 
 SIDE_BY_SIDE_PROMPTS = 5  # held-out prompts shown base vs tuned in the report
+SIDE_BY_SIDE_TOKENS = 32
 
 
 def instruction_evaluation(run: Any, config: Any, model: nn.Module, split: str, *, device: torch.device | str,
@@ -138,7 +142,8 @@ def instruction_evaluation(run: Any, config: Any, model: nn.Module, split: str, 
     model = model.to(device)
     scored = exact_match(model, tokenizer, template, held_out[:max_prompts], device=device)
     base = None if find_peft_model(model) is not None else _base_model(config, model)
-    shown = side_by_side(model, tokenizer, template, held_out[:SIDE_BY_SIDE_PROMPTS], base=base, device=device)
+    shown = side_by_side(model, tokenizer, template, held_out[:SIDE_BY_SIDE_PROMPTS], base=base, device=device,
+                         max_new_tokens=SIDE_BY_SIDE_TOKENS)
     return {"exact_match": scored["exact_match"], "answers": scored["answers"], "chat_template": template.name,
             "examples": scored["examples"], "side_by_side": shown}
 

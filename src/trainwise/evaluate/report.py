@@ -95,7 +95,8 @@ def gather(run: RunDir) -> dict[str, Any]:
         "evaluations": evaluations, "split_table": split_table(evaluations), "calibration_verdict": calibration,
         "lr_find": lr_find, "configured_lr": config.optim.lr if config else None,
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
-        "language_model": language_model_section(run, records, evaluation, config),  # evaluate/report_lm.py
+        # evaluate/report_lm.py; a fine-tune often holds out only a validation split
+        "language_model": language_model_section(run, records, evaluation or evaluations.get("val"), config),
     }
 
 

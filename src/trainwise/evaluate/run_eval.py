@@ -18,6 +18,7 @@ from typing import Any
 
 from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import DataError, RunDirError
+from trainwise.evaluate.finetune import instruction_evaluation
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.rundir.layout import RunDir
@@ -109,6 +110,9 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     own_evaluation = getattr(dataset, "evaluate_model", None)
     if own_evaluation is not None:  # a recommender's held-out queries rank the whole catalogue, in chunks
         metrics, predictions = own_evaluation(model, device=resolve_device(device))
+        tuned = instruction_evaluation(run, config, model, split, device=resolve_device(device))
+        if tuned:  # a fine-tune on instruction data: exact match on held-out prompts, base vs tuned answers
+            metrics["finetune"] = tuned
     else:
         outputs, targets = predict(model, dataset, device=resolve_device(device))
         task = get_task(bundle.spec.task)
