@@ -105,6 +105,7 @@ def test_generate_answers_through_the_chat_template(straight, capsys):
     assert json.loads(raw.stdout.strip().splitlines()[-1])["chat_template"] is None
 
 
+@pytest.mark.slow
 def test_eval_scores_held_out_answers_and_the_report_shows_base_and_tuned(straight, capsys):
     import json
 

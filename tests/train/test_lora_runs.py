@@ -96,3 +96,25 @@ def test_the_sanity_probe_judges_adapters_by_their_wiring_not_a_full_models_pace
     probe = [f for f in sanity_check(config, build_data(config)) if f.code.startswith("overfit")][0]
     assert probe.code == code, probe.title
     assert probe.evidence["frozen_base"] and probe.evidence["run_lr"] == lr
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_adapter_like_one_process(tmp_path, capsys):
+    """torchrun, 2 Gloo ranks: the frozen base stays out of the gradient all-reduce, the adapter trains as in one
+    process accumulating the same micro-batches, and rank 0 alone writes the adapter."""
+    from tests.conftest import finish_job, invoke, start_torchrun
+    from trainwise.config import dump_yaml
+
+    config = lora_config(dropout=0.0, train_head=False)
+    config = config.model_copy(update={"train": config.train.model_copy(update={"micro_batch_size": 16})})
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(dump_yaml(config))
+    job = start_torchrun("train", str(recipe), "--out", str(tmp_path / "ddp"))
+    assert invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "single")).returncode == 0
+    code, output = finish_job(job, timeout=600)
+    assert code == 0, output[-3000:]
+    a, b = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+    assert (tmp_path / "ddp" / "adapter" / "adapter_model.safetensors").is_file()
