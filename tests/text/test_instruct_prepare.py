@@ -99,6 +99,7 @@ def test_the_prepare_command_prints_the_loss_share_and_the_length_histogram(tmp_
                   "--train-tokenizer", "300", "--val-fraction", "0")
     assert done.returncode == 0, done.stderr
     assert "tokens carrying loss (assistant answers):" in done.stdout and "document length" in done.stdout
+    assert "Next: trainwise train sft-lora" in done.stdout
     assert f"{bad}:5" in done.stdout and "no assistant turn" in done.stdout
     refused = invoke(capsys, "prepare", str(bad), "--to", str(tmp_path / "ds2"), "--train-tokenizer", "300")
     assert refused.returncode == 2 and "--template NAME" in refused.stderr

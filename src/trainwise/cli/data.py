@@ -120,6 +120,10 @@ def next_step(manifest: dict, to: Path) -> str:
 
     from trainwise.recipes import load_recipe
 
+    if manifest["kind"] == "text" and "instruct" in manifest:
+        return (f"Next: trainwise train sft-lora model.hf=MODEL_DIR data.path={shlex.quote(str(to))} --out "
+                f"runs/{shlex.quote(Path(to).name)} (LoRA on a local Hugging Face model; model.method=full or freeze "
+                "for the others)")
     if manifest["kind"] == "text":
         return (f"Next: trainwise train lm-gpt data.path={shlex.quote(str(to))} --out runs/{shlex.quote(Path(to).name)}"
                 f" (a small GPT; model.hf_config=gpt2 or model.hf=DIR for a Hugging Face model)")
