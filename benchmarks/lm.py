@@ -37,8 +37,9 @@ from common import write_result  # noqa: E402
 
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data, build_model  # noqa: E402
-from trainwise.text.lm_eval import token_metrics  # noqa: E402
-from trainwise.train.run import seed_everything, train_run  # noqa: E402
+from trainwise.runtime.language_model import token_metrics  # noqa: E402
+from trainwise.launch.runs import train_run  # noqa: E402
+from trainwise.runtime.seed import seed_everything  # noqa: E402
 from trainwise.train.sampler import ResumableBatchSampler  # noqa: E402
 
 LOG_EVERY = 25
@@ -151,6 +152,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (reported as such)")
     parser.add_argument("--only", choices=["overhead", "nanogpt", "hf"], action="append")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of section 1")
+    parser.add_argument("--name", default="lm", help="results file name (benchmarks/results/NAME.json)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine: one thread each, so neither side fights the other jobs more
     steps = {"overhead": 100 if args.quick else 300, "nanogpt": 300 if args.quick else 2000,
@@ -161,13 +164,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "overhead" in sections:
-            result["overhead"] = overhead(steps["overhead"], 3, work)
+            result["overhead"] = overhead(steps["overhead"], args.rounds, work)
         if "hf" in sections:
             result["hugging_face"] = hugging_face(steps["hf"], work)
         if "nanogpt" in sections:
             result["nanogpt_cpu_config"] = nanogpt_config(steps["nanogpt"], work)
     result["meets_targets"] = result["overhead"]["meets_targets"] if "overhead" in result else None
-    write_result("lm", result)
+    write_result(args.name, result)
 
 
 if __name__ == "__main__":

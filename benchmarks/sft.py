@@ -131,7 +131,7 @@ def exact_match_by_task(run_or_model: Path, held_out: list, *, merged: bool = Fa
 
     from trainwise.evaluate.finetune import exact_match, split_prompt
     from trainwise.text.chat_templates import choose_template
-    from trainwise.text.run_model import load_run_model
+    from trainwise.evaluate.run_model import load_run_model
     from trainwise.text.tokenizer import ModelTokenizer
 
     if merged:  # a Hugging Face directory (the base): its own tokenizer and template
@@ -159,7 +159,7 @@ def exact_match_by_task(run_or_model: Path, held_out: list, *, merged: bool = Fa
 
 def trainable_params(run: Path) -> dict:
     from trainwise.llm.methods import parameter_counts
-    from trainwise.text.run_model import load_run_model
+    from trainwise.evaluate.run_model import load_run_model
 
     counts = parameter_counts(load_run_model(run).model)
     return {"total": counts.total, "trainable": counts.trainable}

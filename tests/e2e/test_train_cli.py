@@ -125,7 +125,7 @@ def test_a_run_stopped_by_sigterm_exits_75_so_schedulers_do_not_take_it_for_a_su
 
 
 def test_a_second_ctrl_c_exits_130_and_says_what_was_kept(tmp_path, capsys, monkeypatch):
-    import trainwise.train.run as train_run_module
+    import trainwise.launch.runs as train_run_module
 
     out = tmp_path / "run"
     out.mkdir()

@@ -40,7 +40,7 @@ def test_memory_curve_through_traced_sizes_bounds_the_sizes_between():
 @pytest.mark.parametrize("epochs", ["3", "2.5"])
 def test_the_plan_prices_the_steps_the_trainer_runs(tmp_path, epochs):
     from trainwise.rundir.layout import RunDir
-    from trainwise.train import build_trainer
+    from trainwise.launch import build_trainer
 
     config = load_recipe("breast-cancer", ["train.max_steps=null", f"train.epochs={epochs}",
                                            "telemetry.enabled=false"])

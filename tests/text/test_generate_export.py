@@ -9,11 +9,12 @@ import torch
 from tests.conftest import invoke
 from tests.text.lm_helpers import tiny_gpt
 from tests.text.test_prepare_text import make_corpus
-from trainwise.data.prepare import PrepareOptions, prepare
+from trainwise.data.prepare import PrepareOptions
+from trainwise.text.prepare import prepare_corpus as prepare
 from trainwise.recipes import load_recipe
-from trainwise.text.export import check_export_matches
+from trainwise.evaluate.export import check_export_matches
 from trainwise.text.generate import Sampling, generate_ids
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 TINY = ["model.args.layers=1", "model.args.width=16", "model.args.heads=2", "train.max_steps=4",
         "train.batch_size=4", "data.seq_len=32", "eval.every_steps=4", "schedule.warmup_steps=1",
@@ -73,3 +74,18 @@ def test_eval_and_report_of_a_language_model(text_run, capsys):
     report = (text_run / "report.md").read_text()
     for heading in ("perplexity", "## Language model", "Generations", "tokens seen", "by position"):
         assert heading in report
+
+
+def test_hugging_face_config_run_trains_generates_and_exports(text_run, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    config_file = tmp_path / "tiny-llama.json"
+    config_file.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2,
+                                       "num_key_value_heads": 1, "hidden_size": 16, "intermediate_size": 32,
+                                       "max_position_embeddings": 64}))
+    data = text_run.parent / "data"
+    config = load_recipe("lm-gpt", [*TINY, f"data.path={data}", f"model.hf_config={config_file}"])
+    run = train_run(config, tmp_path / "run").path
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert invoke(capsys, "generate", str(run), "--prompt", "Doc", "--max-tokens", "5").returncode == 0
+    assert invoke(capsys, "export", str(run), "--to", str(tmp_path / "hf")).returncode == 0
+    assert check_export_matches(run, tmp_path / "hf") < 1e-5

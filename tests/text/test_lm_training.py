@@ -6,8 +6,9 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.text.test_prepare_text import make_corpus
-from trainwise.data.prepare import PrepareOptions, prepare
-from trainwise.rundir.layout import RunDir
+from trainwise.data.prepare import PrepareOptions
+from trainwise.text.prepare import prepare_corpus as prepare
+from trainwise.rundir import RunDir
 from trainwise.text.data import text_bundle
 from trainwise.text.gpt import GPT, GPTConfig
 from trainwise.train.host_syncs import HostSyncCounter

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from trainwise.data.prepare import PrepareOptions, prepare
+from trainwise.data.prepare import PrepareOptions
+from trainwise.text.prepare import prepare_corpus as prepare
 from trainwise.data.shards import verify
 from trainwise.errors import DataError
 from trainwise.text.tokenizer import load_tokenizer

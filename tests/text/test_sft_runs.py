@@ -13,7 +13,7 @@ from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.checkpoint_files import read_checkpoint
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.model_state import load_kept_state, saved_record
-from trainwise.train.run import build_trainer, train_run
+from trainwise.launch.runs import build_trainer, train_run
 
 pytest.importorskip("peft")
 

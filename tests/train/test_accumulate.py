@@ -3,7 +3,7 @@ import torch
 
 from tests.conftest import tiny_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.run import build_trainer
+from trainwise.launch.runs import build_trainer
 
 
 def _first_step_update(tmp_path, micro_batch_size):

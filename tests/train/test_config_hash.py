@@ -10,7 +10,7 @@ from trainwise.config.diff import config_hash, diff_configs, is_safe_to_change
 from trainwise.errors import ConfigError
 from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.run import resume_run, train_run
+from trainwise.launch.runs import resume_run, train_run
 
 
 @pytest.fixture

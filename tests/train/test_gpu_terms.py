@@ -142,7 +142,7 @@ SIGNAL_IN_LOG_WRITE = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
     from trainwise.rundir.layout import RunDir
-    from trainwise.train.run import build_trainer
+    from trainwise.launch.runs import build_trainer
 
     class LockThatSignals:
         # the run directory's lock; SIGTERM arrives just after its 6th acquisition, while it is held

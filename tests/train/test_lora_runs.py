@@ -11,7 +11,7 @@ from tests.conftest import stop_at, tiny_config
 from trainwise.errors import RunDirError
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_files import read_checkpoint
-from trainwise.train.run import build_trainer, train_run
+from trainwise.launch.runs import build_trainer, train_run
 
 pytest.importorskip("peft")
 

@@ -64,7 +64,7 @@ def test_auto_is_bf16_on_ampere_and_newer_and_tf32_turns_on():
 def test_fp16_scaler_path_on_cuda(tmp_path):
     from tests.conftest import tiny_config
     from trainwise.rundir.layout import RunDir
-    from trainwise.train.run import build_trainer
+    from trainwise.launch.runs import build_trainer
 
     run = RunDir(tmp_path / "run")
     trainer = build_trainer(tiny_config(train={"precision": "fp16", "max_steps": 20}), run)

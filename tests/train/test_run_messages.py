@@ -12,7 +12,7 @@ from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ModelCallError
 from trainwise.rundir.layout import RunDir
 from trainwise.train.progress import ProgressDisplay
-from trainwise.train.run import build_trainer, resume_run
+from trainwise.launch.runs import build_trainer, resume_run
 from trainwise.train.trainer import Trainer
 
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import train_until_killed, invoke, tiny_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.run import resume_run, train_run
+from trainwise.launch.runs import resume_run, train_run
 
 KILL_ARGS = ["breast-cancer", "train.max_steps=100000", "train.log_every=1", "eval.every_steps=4",
              "eval.every_epoch=false", "checkpoint.every_steps=4", "telemetry.enabled=false"]

@@ -8,7 +8,7 @@ from tests.conftest import tiny_config
 from trainwise.rundir.layout import RunDir
 from trainwise.train.callbacks import Callback
 from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.run import build_trainer, resume_run
+from trainwise.launch.runs import build_trainer, resume_run
 
 
 class SendSignal(Callback):

@@ -131,7 +131,7 @@ def lr_find_config(config: RunConfig, settings: SweepSettings = SweepSettings())
     sweep starts from the weights the run would start from)."""
     from trainwise.data.bundle import check_labels
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.run import seed_everything
+    from trainwise.runtime.seed import seed_everything
 
     settings.check()
     seed_everything(config.seed)

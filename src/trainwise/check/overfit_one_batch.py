@@ -30,7 +30,7 @@ SHARP_KEPT = 0.5
 ADAPTER_PROBE_LR = 1e-2
 MAX_PROBE_S = 30.0  # the probe's time bound: at most this, and at most PROBE_SHARE of the planned run
 PROBE_SHARE = 0.1
-MIN_PROBE_S = 3.0
+MIN_PROBE_S = 5.0
 MIN_STEPS = 8  # fewer steps than this in the time bound: too short to judge, said so (not a warning)
 
 CHECKS = ("Check the model's forward returns its output without `.detach()`, `.item()` or `torch.no_grad()`.",

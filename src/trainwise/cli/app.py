@@ -97,7 +97,7 @@ def train(
     with `trainwise resume`); 130 aborted by a second Ctrl-C; 2 bad input; 1 a failure."""
     from trainwise.plan.auto_micro_batch import resolve_micro_batch
     from trainwise.recipes import load_recipe
-    from trainwise.train.run import train_run
+    from trainwise.launch.runs import train_run
 
     config = load_recipe(recipe, overrides or [])
     if nproc is not None and not inside_a_launch():
@@ -146,7 +146,7 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
     Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
     2 bad input; 1 a failure."""
-    from trainwise.train.run import resume_run
+    from trainwise.launch.runs import resume_run
 
     if nproc is not None and not inside_a_launch():
         command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (

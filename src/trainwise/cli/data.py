@@ -66,6 +66,11 @@ def prepare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trainwise.data.prepare import PrepareOptions, prepare as run_prepare
+    from trainwise.text.corpus import looks_like_text
+    from trainwise.text.prepare import prepare_corpus
+
+    if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source)):
+        run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
     options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              shard_size=shard_size, size=size, channels=channels, label=label, task=task,

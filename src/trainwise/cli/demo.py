@@ -8,7 +8,7 @@ from rich.console import Console
 
 from trainwise.recipes import load_recipe
 from trainwise.rundir.layout import RunDir
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 
 def demo_run(out: str | Path, *, overwrite: bool = False, console: Console | None = None) -> RunDir:

@@ -30,7 +30,7 @@ def recommend_command(
 ) -> None:
     """The top-K items for a user (or a file of users), with the history used and, for DIN, the behaviours
     that weighed most."""
-    from trainwise.recsys.recommend import Recommender, read_user_file
+    from trainwise.evaluate.recommend import Recommender, read_user_file
 
     if (user is None) == (users is None):
         raise ConfigError("recommend: give one user with --user ID, or a file of user ids with --users FILE.")

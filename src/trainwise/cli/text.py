@@ -35,7 +35,7 @@ def generate_command(
     from trainwise.evaluate.finetune import reply
     from trainwise.text.chat_templates import saved_template
     from trainwise.text.generate import Sampling, generate_text
-    from trainwise.text.run_model import load_run_model
+    from trainwise.evaluate.run_model import load_run_model
     from trainwise.runtime.device import resolve_device
 
     target = resolve_device(device)
@@ -61,7 +61,7 @@ def export_command(
                                "the merged model (the adapter alone is RUN/adapter/, in peft's format)."),
 ) -> None:
     """Write a run's final language model as a Hugging Face directory (config.json, model.safetensors, tokenizer)."""
-    from trainwise.text.export import export_run
+    from trainwise.evaluate.export import export_run
 
     result = export_run(run_dir, to, trust_code=trust_code, merge=merge)
     console.print(f"exported {result['architecture']} to {result['directory']}; tokenizer {result['tokenizer']}",

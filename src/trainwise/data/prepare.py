@@ -1,5 +1,6 @@
 """`trainwise prepare SOURCE --to DIR`: raw images, tables, interaction logs or text → a checksummed, sharded,
-memory-mappable dataset (see shards.py for the layout; text: text/prepare.py).
+memory-mappable dataset (see shards.py for the layout). Text is tokenised by the text room, which hands its
+builder in (`text_builder`: text/prepare.py's prepare_corpus), so this module needs no tokenizer.
 
 The job is a list of shards fixed by the source and the options. Each finished shard is recorded in a
 progress journal, so a rerun after an interruption redoes only what is missing; a rerun whose source and
@@ -28,8 +29,6 @@ from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS,
                                    UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
                                    write_shard)
 from trainwise.errors import DataError
-from trainwise.text.corpus import looks_like_text
-from trainwise.text.prepare import prepare_text
 
 Kind = Literal["auto", "images", "table", "interactions", "text"]
 SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
@@ -98,8 +97,12 @@ class PrepareResult:
 Progress = Callable[[int, int], None]  # (shards done, shards in all), after each shard
 
 
+TextBuilder = Callable[[Path, Path, "PrepareOptions"], dict[str, Any]]  # (to, source, options) -> manifest fields
+
+
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
-            workers: int | None = None, force: bool = False, progress: Progress | None = None) -> PrepareResult:
+            workers: int | None = None, force: bool = False, progress: Progress | None = None,
+            text_builder: TextBuilder | None = None) -> PrepareResult:
     """Prepare `source` into `to`; see the module docstring for caching and resume."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
@@ -120,8 +123,11 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     if force:
         (to / PROGRESS).unlink(missing_ok=True)
     (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
+    if kind == "text" and text_builder is None:
+        raise DataError(f"{source}: text is prepared by `trainwise prepare` (or trainwise.text.prepare.prepare_corpus), "
+                        "which tokenises it.")
     build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
-             "text": _prepare_text_or_chat}[kind]
+             "text": lambda job: text_builder(job.to, job.source, job.options)}[kind]
     job = _Job(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
     manifest = build(job)
     manifest.update(kind=kind, source={"path": str(source.resolve()), "fingerprint": fingerprint},
@@ -131,15 +137,6 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     _remove_stale_files(to, read_manifest(to))
     status = "resumed" if job.reused else "prepared"
     return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings)
-
-
-def _prepare_text_or_chat(job: "_Job") -> dict[str, Any]:
-    """Instruction data (alpaca / sharegpt / messages JSONL, or --format named) or raw text."""
-    from trainwise.text.instruct_prepare import looks_like_chat, prepare_chat
-
-    if job.options.chat_format != "auto" or looks_like_chat(job.source):
-        return prepare_chat(job.to, job.source, job.options)
-    return prepare_text(job.to, job.source, job.options)
 
 
 def _intact_manifest(to: Path) -> dict[str, Any]:
@@ -163,8 +160,6 @@ def detect_kind(source: Path, kind: str) -> str:
             raise DataError(f"--kind {kind}: {source} is a {'folder' if source.is_dir() else 'file'}; images come "
                             "as a folder of class sub-folders, tables and interaction logs as one file.")
         return kind
-    if looks_like_text(source):
-        return "text"
     if source.is_dir():
         return "images"
     suffix = source.suffix.lower()
@@ -194,7 +189,7 @@ def default_workers() -> int:
 
 def disk_warnings(to: Path) -> list[str]:
     """The doctor's data-disk check (system disk, network filesystem, spinning disk), as lines to print."""
-    from trainwise.doctor.disk import check_data_dir
+    from trainwise.data.disk import check_data_dir
 
     lines = []
     for finding in check_data_dir(to):

@@ -185,19 +185,18 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
     )
 
 
-def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool = True, seq_len: int | None = None,
+def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool = True,
                     **unknown: Any) -> DataBundle:
     """The train/val/test splits of a prepared image or table dataset, for `data.name: prepared`."""
-    from trainwise.recipes.datasets import feature_noise
+    from trainwise.data.augment import feature_noise
 
     if unknown:
         raise ConfigError(f"data.args: a prepared dataset takes only `normalize` (true/false), not "
                           f"{', '.join(sorted(unknown))}; splits, size and classes are fixed by `trainwise prepare`.")
     manifest = read_manifest(path)
-    if manifest["kind"] == "text":  # token shards, packed into sequences of data.seq_len tokens
-        from trainwise.text.data import text_bundle
-
-        return text_bundle(path, manifest, seq_len=seq_len)
+    if manifest["kind"] == "text":
+        raise DataError(f"{path}: a text dataset: train a language model on it (`trainwise train lm-gpt "
+                        f"data.path={path}`), whose data builder packs its tokens into sequences.")
     if manifest["kind"] == "interactions":
         raise DataError(f"{path}: an interactions dataset has no built-in model to train. Read it in your own "
                         "data factory with `trainwise.data.open(DIR, 'train')` (inputs are (user, item) ids).")
@@ -214,7 +213,7 @@ def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool 
 
 def flip_and_shift(images: torch.Tensor) -> torch.Tensor:
     """Photos: a random horizontal flip, then a shift of up to 1/16 of the width (on the device)."""
-    from trainwise.recipes.datasets import random_shift
+    from trainwise.data.augment import random_shift
 
     flip = torch.rand(len(images), device=images.device) < 0.5
     images = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)

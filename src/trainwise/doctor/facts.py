@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.data.loader import usable_cores
-from trainwise.doctor.disk import DiskFacts, probe_disk
+from trainwise.data.disk import DiskFacts, probe_disk
 from trainwise.doctor.distributed import DistributedFacts, probe_distributed
 from trainwise.doctor.gpu_facts import NvmlFacts, probe_nvml
 from trainwise.errors import ConfigError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from trainwise.rundir.layout import RunDir
+from trainwise.rundir import RunDir
 
 
 class LanguageModelSection(dict):

@@ -95,7 +95,7 @@ def example_user(model: torch.nn.Module, queries, data_path: str | None) -> dict
     the weight the model gave each."""
     import torch
 
-    from trainwise.recsys.recommend import _id_maps, _raw
+    from trainwise.evaluate.recommend import _id_maps, _raw
 
     if len(queries) == 0:
         return None

@@ -78,8 +78,14 @@ def build_data(config: RunConfig) -> DataBundle:
             raise ConfigError("data.path: a prepared dataset needs its directory (from `trainwise prepare`).")
         from trainwise.data.prepared import prepared_bundle
 
+        from trainwise.data.shards import read_manifest
+
+        if read_manifest(data.path)["kind"] == "text":  # token shards, packed into data.seq_len sequences
+            from trainwise.text.data import text_bundle
+
+            return text_bundle(data.path, seq_len=data.seq_len)
         args = _builtin_args("data.args", DATA_ARGS["prepared"], data.args)
-        return prepared_bundle(data.path, augment=data.augment, seq_len=data.seq_len, **args)
+        return prepared_bundle(data.path, augment=data.augment, **args)
     if data.name not in BUILTIN_DATA:
         raise ConfigError(f"data.name: unknown data set {data.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_DATA))}, prepared; or set data.factory.")

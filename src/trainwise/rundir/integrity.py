@@ -215,3 +215,17 @@ def check_loadable(problem: str | None, what: str, fix: str) -> None:
     if problem:
         raise DamagedFileError(f"{problem}. Loading {what} would give wrong numbers without any error, so it "
                                f"is refused. {fix}")
+
+
+def disk_full_advice(run: Path) -> str:
+    """What to do when a write into the run directory `run` found the disk full."""
+    return (f"The partial file was removed; the run's earlier checkpoints are intact. Free some space (or "
+            f"move {run} to a bigger disk), then continue with `trainwise resume {run}`.")
+
+
+def config_not_text(path: Path, error: UnicodeDecodeError) -> DamagedFileError:
+    """The error for a config.yaml whose bytes are not UTF-8 text (a damaged file, not a decoding traceback)."""
+    return DamagedFileError(
+        f"{path} is damaged: byte {error.object[error.start]:#04x} at offset {error.start} is not "
+        "text (UTF-8). It holds the settings needed to rebuild the run's model and data: restore it "
+        "from a copy, or from a run trained with the same recipe and overrides.")

@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from trainwise.errors import RunDirError, RunDirWarning
+from trainwise.rundir import checkpoint_files
 from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
-from trainwise.rundir.atomic import (atomic_link, atomic_write_digest, atomic_write_directory, atomic_write_json,
-                                     atomic_write_text, remove_temp_files)
-from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
+from trainwise.rundir.atomic import (atomic_write_digest, atomic_write_directory, atomic_write_json, atomic_write_text,
+                                     remove_temp_files)
 from trainwise.rundir.checkpoint_dirs import CheckpointDirs, numbered
-from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable, damaged_file_advice,
-                                     free_space_warning, load_weights_file, newest_intact)
+from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable, config_not_text, damaged_file_advice,
+                                        disk_full_advice, free_space_warning, load_weights_file, newest_intact)
 from trainwise.rundir.lock import Holder
 from trainwise.rundir.status import ReadStatus
 from trainwise.rundir.weights import safetensors_bytes
@@ -233,8 +234,7 @@ class RunDir:
         return run_lock.holder(self.lock_path)
 
     def liveness_note(self) -> str | None:
-        """A sentence for readers when the summary says `running`: still training, or interrupted (killed
-        mid-run: no process writes it), with the step it reached and the command that continues it."""
+        """Still training, or interrupted, when the summary says `running` (status.py)."""
         return run_status.liveness_note(self)
 
     def has_checkpoint(self) -> bool:
@@ -242,9 +242,7 @@ class RunDir:
         return bool(self.checkpoint_path("last").is_file() or self.step_checkpoints() or self.checkpoint_dirs.steps())
 
     def status(self) -> ReadStatus:
-        """The run's status as readers say it: the summary's, `interrupted` when it says `running` but no
-        process is writing the run (killed or crashed: `trainwise resume` continues it), `unknown` when
-        there is no readable summary."""
+        """The run's status as readers say it, `interrupted` for a killed writer (status.py)."""
         return run_status.status(self)
 
     def remove_stale_temp_files(self) -> list[Path]:
@@ -271,11 +269,8 @@ class RunDir:
     def read_config_text(self) -> str:
         try:
             return self.config_path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise DamagedFileError(
-                f"{self.config_path} is damaged: byte {e.object[e.start]:#04x} at offset {e.start} is not "
-                "text (UTF-8). It holds the settings needed to rebuild the run's model and data: restore it "
-                "from a copy, or from a run trained with the same recipe and overrides.") from None
+        except UnicodeDecodeError as error:
+            raise config_not_text(self.config_path, error) from None
 
     # ---- append-only records ---------------------------------------------------------------------
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -315,13 +310,12 @@ class RunDir:
         if not self.metrics_path.exists():
             return
         keep = [r for r in self.read_metrics() if r["step"] <= step]
-        text = "".join(json.dumps(r) + "\n" for r in keep)
         with self._lock:
-            atomic_write_text(self.metrics_path, text)
+            atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         self.acquire_writer()
-        line = (json.dumps(record, default=_jsonable) + "\n").encode("utf-8")
+        line = run_records.encode(record)
         with self._lock:
             if path not in self._sealed:  # a record torn by a crash would swallow this one
                 run_records.seal(path)
@@ -358,18 +352,7 @@ class RunDir:
         """Write the checkpoint of `step` atomically with its checksum, point `last` (and `best`) at it,
         keep the newest N. On a full disk: DiskFullError, the partial file removed, `last` untouched."""
         self.acquire_writer()
-        written = atomic_write_digest(self.checkpoint_path(step), write, what="a checkpoint",
-                                      advice=self._disk_advice())
-        links = [self.checkpoint_path("last")] + ([self.checkpoint_path("best")] if is_best else [])
-        rotated = [old for _, old in self.step_checkpoints()[:-keep_last]] if keep_last > 0 else []
-        # Recorded before linking: a crash in between leaves `last` failing its check, and a resume falls
-        # back to this step's file, which is the same checkpoint.
-        self._ledger.record({p: written for p in [written.path, *links]}, drop=rotated)
-        for link in links:
-            atomic_link(written.path, link, advice=self._disk_advice())
-        for old in rotated:
-            old.unlink(missing_ok=True)  # `last`/`best` are hard links: their data stays
-        return written.path
+        return checkpoint_files.save(self, step, write, is_best=is_best, keep_last=keep_last)
 
     def latest_intact_checkpoint(self) -> CheckpointChoice:
         """The checkpoint to resume from: `last` when its checksum verifies, else the newest step checkpoint
@@ -404,8 +387,7 @@ class RunDir:
         return Ledger(self.checksums_path, self.path)
 
     def _disk_advice(self) -> str:
-        return (f"The partial file was removed; the run's earlier checkpoints are intact. Free some space (or "
-                f"move {self.path} to a bigger disk), then continue with `trainwise resume {self.path}`.")
+        return disk_full_advice(self.path)
 
     # ---- weights -----------------------------------------------------------------------------------
     def write_model(self, state_dict: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
@@ -434,11 +416,3 @@ class RunDir:
             raise RunDirError(f"{self.path} has no model.safetensors: the run has not finished.")
         self.verify(self.model_path)
         return load_weights_file(self.model_path, verified=self._ledger.digest(self.model_path) is not None)
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)

@@ -139,3 +139,16 @@ def _text(record: dict[str, Any], key: str) -> str | None:
     if key in record and not isinstance(record[key], str):
         return f'has "{key}" {record[key]!r}, not text'
     return None
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One JSONL line; tensors and NumPy numbers become plain numbers, anything else its text."""
+    return (json.dumps(record, default=_jsonable) + "\n").encode("utf-8")
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -7,8 +7,9 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
+from trainwise.llm.loss import IGNORE_INDEX
+from trainwise.runtime.language_model import is_token_batch
 from trainwise.runtime.precision import Precision, autocast
-from trainwise.train.step import IGNORE_INDEX, is_token_batch
 
 
 @torch.no_grad()
@@ -59,8 +60,8 @@ def yields_token_batches(dataset: Dataset | None) -> bool:
 
 def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 16,
                   precision: Precision = "fp32") -> dict[str, float]:
-    """Validation of a language model, streamed (text/lm_eval.py): loss, perplexity, token accuracy."""
-    from trainwise.text.lm_eval import token_metrics as measure
+    """Validation of a language model, streamed (runtime/language_model.py): loss, perplexity, token accuracy."""
+    from trainwise.runtime.language_model import token_metrics as measure
 
     device = torch.device(device)
     return measure(model, _batches_from(dataset, 0, batch_size), device=device,

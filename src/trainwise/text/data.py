@@ -70,7 +70,8 @@ def pydoc_topics(*, seed: int, val_fraction: float, test_fraction: float, augmen
     per topic, split by topic. `path` (data.path): a prepared text dataset of your own instead."""
     from pydoc_data.topics import topics
 
-    from trainwise.data.prepare import PrepareOptions, prepare
+    from trainwise.data.prepare import PrepareOptions
+    from trainwise.text.prepare import prepare_corpus
 
     if augment:
         raise ConfigError("data.augment: text has no augmentation; set data.augment=false.")
@@ -81,7 +82,7 @@ def pydoc_topics(*, seed: int, val_fraction: float, test_fraction: float, augmen
     options = PrepareOptions(kind="text", val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              train_tokenizer=train_tokenizer, seq_len=seq_len)
     key = hashlib.sha256(repr((val_fraction, test_fraction, seed, train_tokenizer)).encode()).hexdigest()[:12]
-    prepared = prepare(source, cache_dir() / "pydoc_topics" / f"prepared-{key}", options)
+    prepared = prepare_corpus(source, cache_dir() / "pydoc_topics" / f"prepared-{key}", options)
     return text_bundle(prepared.directory, prepared.manifest, seq_len=seq_len)
 
 

@@ -2,7 +2,7 @@
 
 GPT-2's layout (learned positions, pre-norm blocks, GELU MLP 4x wide, a final LayerNorm, the output head
 tied to the token embedding), so `trainwise export` maps it onto transformers' GPT2LMHeadModel one tensor
-for one tensor (text/export.py). Attention is `scaled_dot_product_attention`. Given `position_ids` that
+for one tensor (evaluate/export.py). Attention is `scaled_dot_product_attention`. Given `position_ids` that
 restart at 0 inside a row (packed documents, text/packing.py), attention is block-diagonal: a token sees
 only the earlier tokens of its own document, so a packed row computes each document exactly as if alone.
 

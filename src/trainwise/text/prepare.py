@@ -9,6 +9,7 @@ its fingerprint is in the manifest. Documents that cannot be read are named in t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,27 @@ if TYPE_CHECKING:
 
 ENCODE_BATCH = 256  # documents encoded in one call (the `tokenizers` library parallelises a batch)
 SKIPPED_LISTED = 1000  # skipped documents named in the manifest; the rest are counted
+
+
+def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions | None" = None, **kwargs: Any):
+    """`trainwise prepare` for text: data/prepare.py's caching, resume and manifest, this module's tokenising.
+    `kwargs`: prepare's workers, force, progress. Returns data.prepare's PrepareResult."""
+    from trainwise.data.prepare import PrepareOptions, prepare
+
+    options = options or PrepareOptions()
+    if options.kind not in ("auto", "text"):
+        raise DataError(f"--kind {options.kind}: this source is prepared as text.")
+    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat, **kwargs)
+
+
+def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
+    """Instruction data (alpaca / sharegpt / messages JSONL, detected or named with --format: text/
+    instruct_prepare.py) or raw text."""
+    from trainwise.text.instruct_prepare import looks_like_chat, prepare_chat
+
+    if options.chat_format != "auto" or looks_like_chat(source):
+        return prepare_chat(to, source, options)
+    return prepare_text(to, source, options)
 
 
 def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:

@@ -1,15 +1,15 @@
-"""The training engine: the Trainer, its step, checkpointer and loop. The rooms above it (check, plan, the CLI)
-start runs through these names; evaluation and diagnosis never import it (tests/test_architecture.py).
+"""The training engine: the Trainer, its step, checkpointer and loop. Runs are started and resumed by
+trainwise.launch; the probes in trainwise.check and the planner use its step; evaluation and diagnosis never
+import it (tests/test_architecture.py).
 
-    from trainwise.train import Trainer, train_run, resume_run
+    from trainwise.train import Trainer, Callback
 """
 from __future__ import annotations
 
 from typing import Any
 
 _EXPORTS = {
-    "Trainer": "trainer", "Callback": "callbacks", "build_trainer": "run", "train_run": "run",
-    "resume_run": "run",
+    "Trainer": "trainer", "Callback": "callbacks",
 }
 
 

@@ -40,7 +40,7 @@ def first_nonfinite_in(model: nn.Module, forward: Callable, micro_batch, device:
                        context: AbstractContextManager = nullcontext()) -> tuple[str, str] | None:
     """`first_nonfinite_module` on one micro-batch: `(inputs, targets)`, or a token batch whose fields the
     model takes by name."""
-    from trainwise.train.step import call_model, is_token_batch
+    from trainwise.runtime.language_model import call_model, is_token_batch
 
     if is_token_batch(micro_batch):
         batch = {key: value.to(device) for key, value in micro_batch.items()}

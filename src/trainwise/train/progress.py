@@ -38,6 +38,11 @@ def _describe(record: dict, device_type: str = "cpu") -> str:
     return f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {rate}  data wait {record['data_wait_fraction']:.0%}"
 
 
+def _device_type(trainer) -> str:
+    device = getattr(trainer, "device", "cpu")
+    return getattr(device, "type", str(device))
+
+
 def _starting(trainer) -> str:
     if trainer.step:
         return f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
@@ -71,13 +76,13 @@ class ProgressDisplay(Callback):
 
     def on_log(self, trainer, record) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, description=_describe(record, trainer.device.type))
+            self.progress.update(self.task, description=_describe(record, _device_type(trainer)))
             return
         # from the pace since this process started: a resumed run has not done its first steps here
         done_here = trainer.step - self.first_step
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done_here * (trainer.max_steps - trainer.step) if done_here > 0 else float("nan")
-        self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record, trainer.device.type)}  eta {eta:.0f}s",
+        self.console.print(f"step {trainer.step}/{trainer.max_steps}  {_describe(record, _device_type(trainer))}  eta {eta:.0f}s",
                            highlight=False)
 
     def on_eval(self, trainer, record) -> None:

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
-from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, model_inputs, token_loss_sum
+from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, token_loss_sum
+from trainwise.runtime.language_model import call_model, is_token_batch
 from trainwise.runtime.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,21 +46,6 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
         return lambda outputs, targets: nn.functional.mse_loss(outputs.squeeze(-1).float(), targets.float())
     cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return lambda outputs, targets: cross_entropy(outputs.float(), targets)
-
-
-def is_token_batch(batch: object) -> bool:
-    return isinstance(batch, Mapping)
-
-
-def model_logits(outputs: object) -> torch.Tensor:
-    """A language model's logits: the tensor it returned, or its output object's `.logits`."""
-    return outputs.logits if hasattr(outputs, "logits") else outputs  # type: ignore[return-value]
-
-
-def call_model(forward: Callable, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """`forward(input_ids=..., position_ids=..., [attention_mask=...])`; never the labels: the engine computes
-    the loss itself."""
-    return model_logits(forward(**model_inputs(dict(batch))))
 
 
 def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from trainwise.errors import ConfigError, RunDirError
 from trainwise.text.chat_templates import saved_template
 from trainwise.text.gpt import GPT
-from trainwise.text.run_model import load_run_model
+from trainwise.evaluate.run_model import load_run_model
 from trainwise.text.tokenizer import END_OF_TEXT, BpeTokenizer, ModelTokenizer, Tokenizer
 
 TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

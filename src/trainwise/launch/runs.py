@@ -1,14 +1,13 @@
-"""Runs from a config: build the data and the model it names, train into a run directory, resume one."""
+"""Starting and resuming a run: build the data and the model a config names, run the sanity checks
+(trainwise.check), hand them to the engine (trainwise.train) and train into a run directory; resume one from
+its checkpoint with the config it was started with."""
 from __future__ import annotations
 
-import random
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import yaml
 
 from trainwise.config import RunConfig
@@ -19,17 +18,12 @@ from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.rundir.trust import require_trust
+from trainwise.runtime.seed import seed_everything
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
 from trainwise.train.distributed import launched_ranks
 from trainwise.train.trainer import Trainer
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 # `train.micro_batch_size: auto` is the planner's call, and the engine does not import the planner: the CLI

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise.evaluate.metrics import as_numpy
+from trainwise.runtime.arrays import as_numpy
 
 DEFAULT_CUTOFFS = (1, 5, 10)
 

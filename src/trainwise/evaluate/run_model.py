@@ -14,7 +14,7 @@ from torch import nn
 
 from trainwise.data.bundle import DataSpec
 from trainwise.errors import RunDirError
-from trainwise.rundir.layout import RunDir
+from trainwise.rundir import RunDir
 from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 from trainwise.text.tokenizer import Tokenizer, load_tokenizer, recorded_sequence_length
 
@@ -32,6 +32,7 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
     """The run's model with its final weights, and its tokenizer."""
     from trainwise.recipes.factories import build_model
     from trainwise.rundir.trust import require_trust
+    from trainwise.rundir.weights import load_weights
 
     run = RunDir.open(path)
     config = run.read_config()
@@ -47,16 +48,11 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
     spec = DataSpec(input_shape=(seq_len,), num_classes=tokenizer.vocab_size, task="causal_lm",
                     input_dtype=torch.int64, tokenizer_fingerprint=tokenizer.fingerprint)
     model = build_model(config, spec)
-    state = {_unwrapped(key): value for key, value in run.read_model().items()}
+    state, _, weights = load_weights(run, "final")
     try:  # a LoRA or freeze run keeps only what trained: it goes onto the rebuilt base
-        load_kept_state(model, state, saved_record(run.model_path))
+        load_kept_state(model, state, saved_record(weights))
     except StateMismatch as error:
         raise RunDirError(f"{run.model_path} does not fit the model built from {run.config_path}: "
                           f"{str(error).splitlines()[0]} Was config.yaml edited after training?") from None
     return RunModel(run, config, model.to(device).eval(), tokenizer, spec)
 
-
-def _unwrapped(key: str) -> str:
-    for prefix in ("_orig_mod.", "module."):  # torch.compile and DDP
-        key = key.removeprefix(prefix)
-    return key
