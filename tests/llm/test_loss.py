@@ -6,9 +6,17 @@ import torch
 
 from trainwise.errors import ConfigError
 from trainwise.llm import methods
-from trainwise.llm.loss import lm_loss_sum, token_loss_sum
+from trainwise.llm.loss import chunked_loss_functions, token_loss_sum
 
 from .conftest import tiny_model
+
+
+def lm_loss_sum(model, batch, chunk_size=None):
+    inputs = {k: batch[k] for k in ("input_ids", "position_ids")}
+    if chunk_size is None:
+        return token_loss_sum(model(**inputs).logits, batch["labels"])
+    forward, token_loss = chunked_loss_functions(model, chunk_size)
+    return token_loss(forward(**inputs), batch["labels"])
 
 
 def _batch(vocab=512, seed=0, length=24):

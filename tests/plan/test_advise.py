@@ -1,4 +1,6 @@
 """Advice over hand-made catalogs and estimates: fit, micro-batch, ranking, multi-GPU, money."""
+from dataclasses import replace
+
 import pytest
 
 from trainwise.plan.advise import (CUDA_CONTEXT_BYTES, Estimates, Options, PeakCurve, advise, cuda_fixed_bytes,
@@ -202,3 +204,15 @@ def test_a_deadline_no_single_card_meets_brings_in_ddp_on_more_cards():
     assert option.strategy == "ddp" and option.cards == 4  # 2 cards at 90% efficiency are not 3× faster
     assert option.total_hours <= one_card / 3
     assert advice.cheapest is option and option.offer["gpus"] == 4
+
+
+def test_host_ram_holds_the_final_save_of_the_weights():
+    small = advise(estimates(), (SMALL, BIG), PRICES, MACHINE, Options())
+    seven_b = advise(estimates(weight_bytes=int(13.5 * GiB)), (SMALL, BIG), PRICES, MACHINE, Options())
+    assert seven_b.host_ram_bytes - small.host_ram_bytes >= 2 * 13.5 * GiB - GiB
+
+
+def test_the_no_fit_message_never_offers_a_precision_already_in_use():
+    impossible = estimates(fixed=500 * GiB, optimizer_peak=500 * GiB, sharded_state_bytes=400 * GiB)
+    assert "precision=bf16" not in no_fit_message(impossible, (SMALL, BIG), Options())
+    assert "precision=bf16" in no_fit_message(replace(impossible, precision="fp32"), (SMALL, BIG), Options())

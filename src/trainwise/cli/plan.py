@@ -81,7 +81,9 @@ def print_report(report, console: Console) -> None:
     data = report.to_dict()
     job, advice = data["job"], report.advice
     cuda = data["memory"]["cuda"]
-    console.print(f"[bold]{job['parameters']:,}[/] parameters, batch {job['batch_size']} "
+    total, trainable = job.get("total_parameters") or job["parameters"], job["parameters"]
+    counts = f"[bold]{total:,}[/] parameters" + (f" ({trainable:,} trainable)" if trainable != total else "")
+    console.print(f"{counts}, batch {job['batch_size']} "
                   f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}), "
                   f"{job['total_steps']:,} steps ({job['steps_per_epoch']} per epoch), {job['precision_planned']}, "
                   f"{job['optimizer']}; {_flops(data['flops_per_optimizer_step'])} per step.")

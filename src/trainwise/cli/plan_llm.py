@@ -12,11 +12,13 @@ GiB = 2**30
 
 
 def is_language_model(argument: str) -> bool:
-    """A catalogue name, a config.json, or a model directory; never a recipe (YAML or built-in name)."""
+    """A catalogue name, a .json file (even a missing one: the error then says so), or a model directory;
+    never a recipe (YAML or built-in name)."""
     from trainwise.llm.hf import looks_like_config_spec
-    if Path(argument).suffix in (".yaml", ".yml"):
+    suffix = Path(argument).suffix
+    if suffix in (".yaml", ".yml"):
         return False
-    return looks_like_config_spec(argument)
+    return suffix == ".json" or looks_like_config_spec(argument)
 
 
 def language_model_plan(argument: str, flags: dict, gpus: tuple[str, ...], max_gpus: int, as_json: bool) -> bool:

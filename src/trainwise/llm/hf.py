@@ -81,6 +81,8 @@ def resolve_config(spec: "str | dict[str, Any]", **overrides: Any):
     transformers = require("transformers", "building a Hugging Face model")
     fields = dict(config_dict(spec) if isinstance(spec, str) else spec)
     fields.update(overrides)
+    if {"num_hidden_layers", "n_layer"} & set(overrides):  # a per-layer list of the old depth would not fit
+        fields.pop("layer_types", None)
     if "vocab_size" in overrides:  # a shrunk test vocabulary: special ids beyond it would only warn
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if isinstance(fields.get(key), int) and fields[key] >= overrides["vocab_size"]:

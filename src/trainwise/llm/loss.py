@@ -5,7 +5,8 @@ the outputs, -100 = no loss) — the engine divides once by the step's label-tok
 the model runs up to its last hidden state, and the head + cross-entropy run `chunk_size` tokens at a time;
 forward keeps no logits and backward rebuilds one chunk's at a time.
 
-    total = lm_loss_sum(model, batch, chunk_size=1024)   # batch: input_ids, labels, position_ids[, attention_mask]
+    forward, token_loss = chunked_loss_functions(model, 1024)   # installed on the engine's TrainStep
+    total = token_loss(forward(input_ids=ids, position_ids=positions), labels)
 
 Chunking needs the hidden states and the head apart: Hugging Face causal LMs (also inside peft) give them; another
 model qualifies by having a `hidden_states(**inputs)` method and an `lm_head` / `head` Linear.
@@ -122,21 +123,6 @@ def hidden_and_head(model: nn.Module) -> tuple[Callable[..., torch.Tensor], nn.M
     return (lambda **inputs: backbone(**inputs).last_hidden_state), head, softcap
 
 
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """The batch's keys the model is called with (never labels: the loss is computed here)."""
-    return {key: batch[key] for key in MODEL_INPUTS if batch.get(key) is not None}
-
-
-def lm_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_size: int | None = None) -> torch.Tensor:
-    """The summed token loss of one micro-batch (see module doc); chunked when `chunk_size` is set."""
-    inputs = model_inputs(batch)
-    if chunk_size is None:
-        output = model(**inputs)
-        return token_loss_sum(getattr(output, "logits", output), batch["labels"])
-    hidden_states, head, softcap = hidden_and_head(model)
-    return chunked_token_loss_sum(hidden_states(**inputs), head, batch["labels"], chunk_size, softcap)
-
-
 class HiddenStates(nn.Module):
     """The model up to its last hidden state, as a module (hooks and `.parameters()` see the model)."""
 
@@ -158,3 +144,19 @@ def chunked_loss_functions(model: nn.Module, chunk_size: int):
     def token_loss(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return chunked_token_loss_sum(hidden, forward.head, labels, chunk_size, forward.softcap)
     return forward, token_loss
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's keys the model is called with (never labels: the loss is computed here)."""
+    return {key: batch[key] for key in MODEL_INPUTS if batch.get(key) is not None}
+
+
+def lm_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_size: int | None = None) -> torch.Tensor:
+    """The summed token loss of one micro-batch; chunked when `chunk_size` is set. (Kept beside
+    chunked_loss_functions while the engine (lmtrain) and the planner (llmplan) converge on one of them.)"""
+    inputs = model_inputs(batch)
+    if chunk_size is None:
+        output = model(**inputs)
+        return token_loss_sum(getattr(output, "logits", output), batch["labels"])
+    hidden_states, head, softcap = hidden_and_head(model)
+    return chunked_token_loss_sum(hidden_states(**inputs), head, batch["labels"], chunk_size, softcap)

@@ -37,6 +37,7 @@ ALLOCATOR_SLACK_BYTES = 2 * 2**20 + 20 * 2**20
 SAFETY_MARGIN = 0.10
 # Host side: the Python process with torch and CUDA libraries loaded (RSS of `import torch` + CUDA init).
 PROCESS_RAM_BYTES = int(1.5 * GiB)
+FINAL_SAVE_COPIES = 2  # run_weights.safetensors_bytes: the state dict moved to the host, then the file as bytes
 
 # Multi-GPU: share of linear speed-up DDP keeps (gradient all-reduce overlapped with backward);
 # FSDP adds the parameter all-gathers. NCCL tests / PyTorch DDP paper (Li et al., VLDB 2020, Fig. 9).
@@ -114,6 +115,7 @@ class Estimates:
     sample_bytes: int = 0
     checkpoint_bytes: int = 0
     checkpoints_kept: int = 3
+    weight_bytes: int = 0  # the model's parameters: the final save holds them twice in host RAM
 
     def peak(self, micro_batch: int, device: str = "cuda") -> float:
         return (self.cpu_memory if device == "cpu" else self.cuda_memory).peak(micro_batch)
@@ -331,7 +333,10 @@ def advise(est: Estimates, gpus: tuple[Gpu, ...], prices: PriceList, machine: di
     cheapest = _cheapest(candidates, options)
     fastest = _fastest(candidates, options)
     messages = _messages(est, rows, multi, cheapest, fastest, options)
-    host_ram = int(est.dataset_bytes + PROCESS_RAM_BYTES + 4 * est.batch_size * est.sample_bytes)
+    # training holds the data and a few batches; the final save, the state dict on the host and the whole
+    # safetensors file built from it in memory (run_weights.py)
+    host_ram = int(est.dataset_bytes + PROCESS_RAM_BYTES + max(4 * est.batch_size * est.sample_bytes,
+                                                               FINAL_SAVE_COPIES * est.weight_bytes))
     disk = int(est.dataset_bytes + est.checkpoint_bytes * est.checkpoints_kept)
     return Advice(currency=options.currency, rows=rows, multi_gpu=multi, cheapest=cheapest, fastest=fastest,
                   fits_anywhere=bool(single_fits) or any(m.fits for m in multi) or this.fits,
@@ -394,5 +399,6 @@ def no_fit_message(est: Estimates, gpus: tuple[Gpu, ...], options: Options) -> s
             f"one sample needs {fsdp.needed_bytes / GiB:.1f} GiB per card there (of "
             f"{biggest.memory_bytes / GiB:.0f} GiB; parameters + gradients + optimizer state are "
             f"{est.sharded_state_bytes / GiB:.1f} GiB before sharding, activations "
-            f"{est.cuda_memory.per_sample_bytes / GiB:.2f} GiB per sample). Turn on model.gradient_checkpointing, use "
-            f"train.precision=bf16, a smaller model, or raise --gpus-per-node.")
+            f"{est.cuda_memory.per_sample_bytes / GiB:.2f} GiB per sample). Turn on model.gradient_checkpointing"
+            f"{'' if est.precision in ('bf16', 'fp16') else ', use train.precision=bf16'}, use a smaller model, "
+            f"or raise --gpus-per-node.")

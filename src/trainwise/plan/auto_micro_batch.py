@@ -120,11 +120,13 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     device = resolve_device(train.device, ranks.local_rank if ranks.enabled else None)
     kind = "cuda" if device.type == "cuda" else "cpu"
     plain = config.model_copy(update={"train": train.model_copy(update={"micro_batch_size": None})})
-    job = job_from_config(plain, kind)
-    if kind == "cuda":  # the precision this card computes in, not the plan's bf16 card
-        job = replace(job, step=replace(job.step, precision=resolve_precision(train.precision, device)))
-    estimate = estimate_job(job, (kind,))
-    memory = estimate.memory[kind]
+    if plain.model.hf or plain.model.hf_config:  # a language model: the planner's LM traces, same levers
+        memory, step = _language_model_memory(plain, kind, device)
+    else:
+        job = job_from_config(plain, kind)
+        if kind == "cuda":  # the precision this card computes in, not the plan's bf16 card
+            job = replace(job, step=replace(job.step, precision=resolve_precision(train.precision, device)))
+        memory, step = estimate_job(job, (kind,)).memory[kind], job.step
     free, total = free_memory_bytes(device)
     fixed = _cuda_fixed_bytes(device, any("convolution" in op for t in memory.traces for op in t.flops_by_op)) \
         if kind == "cuda" else 0
@@ -133,7 +135,7 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     chosen, _, fits = choose_micro_batch(memory.peak_bytes, per_rank_batch, budget)
     probes: tuple[tuple[int, bool], ...] = ()
     if kind == "cuda" and fits:
-        chosen, probes = _confirm_on_card(job.step.on(kind), device, chosen, per_rank_batch)
+        chosen, probes = _confirm_on_card(step.on(kind), device, chosen, per_rank_batch)
     agreed = _smallest_over_ranks(chosen, device, train.dist_timeout_s, train.strategy) if ranks.enabled else chosen
     larger = [d for d in range(agreed + 1, per_rank_batch + 1) if per_rank_batch % d == 0]
     choice = MicroBatchChoice(
@@ -144,6 +146,20 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
         ranks_agreed=ranks.world_size)
     resolved = config.model_copy(update={"train": train.model_copy(update={"micro_batch_size": agreed})})
     return resolved, choice
+
+
+def _language_model_memory(config: RunConfig, kind: str, device: torch.device):
+    """The peak curve of a language-model job (plan/llm_plan.py) as a MemoryModel, and its step (full depth)."""
+    from trainwise.plan.job import fit_memory
+    from trainwise.plan.llm_plan import estimate_lm
+    from trainwise.plan.llm_report import lm_job_from_config
+    from trainwise.plan.llm_step import lm_step
+
+    job, _ = lm_job_from_config(config)
+    if kind == "cuda":
+        job = job.with_changes(precision=resolve_precision(config.train.precision, device))
+    estimate = estimate_lm(job, device_kind=kind)
+    return fit_memory(kind, estimate.traces), lm_step(job, device_kind=kind)
 
 
 def _cuda_fixed_bytes(device: torch.device, has_convolutions: bool) -> int:

@@ -194,4 +194,4 @@ def advice_inputs(estimate: JobEstimate):
         has_convolutions=any("convolution" in op for op in first.flops_by_op),
         dataset_bytes=job.dataset_bytes, sample_bytes=job.sample_bytes,
         checkpoint_bytes=first.parameter_bytes + estimate.optimizer_state_bytes,
-        checkpoints_kept=job.checkpoints_kept)
+        checkpoints_kept=job.checkpoints_kept, weight_bytes=first.parameter_bytes)

@@ -20,7 +20,7 @@ from trainwise.plan.llm_step import LmJob
 QLORA_SLOWDOWN = 1.3
 OFFLOAD_SLOWDOWN = 2.0
 LOSS_CHUNK = 1024
-SAFETENSORS_COPIES = 2  # the state dict moved to the host, then the whole file built as bytes (run_weights.py)
+
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def host_ram(est: LmEstimate) -> dict[str, int]:
     saved = facts.trainable_bytes if adapters else facts.weight_bytes
     parts = {"process (Python, torch, CUDA libraries)": rules.PROCESS_RAM_BYTES,
              f"final save ({'the adapters' if adapters else 'the whole model'}: state dict on the host + "
-             "the safetensors file built in memory)": SAFETENSORS_COPIES * saved}
+             "the safetensors file built in memory)": rules.FINAL_SAVE_COPIES * saved}
     return parts
 
 

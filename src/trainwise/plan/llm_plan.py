@@ -153,7 +153,8 @@ def advice_estimates(est: LmEstimate, total_steps: int = 1000) -> Estimates:
                              own.micro_batch_flops / max(job.micro, 1)),
         bytes_per_sample=max((large.micro_batch_bytes_written - small.micro_batch_bytes_written) / span, 0.0),
         ops_per_micro_batch=own.micro_batch_ops, optimizer_bytes=own.optimizer_bytes_written,
-        optimizer_ops=own.optimizer_ops, checkpoint_bytes=est.facts.weight_bytes + own.optimizer_state_bytes)
+        optimizer_ops=own.optimizer_ops, checkpoint_bytes=est.facts.weight_bytes + own.optimizer_state_bytes,
+        weight_bytes=est.facts.weight_bytes)
 
 
 def as_dict(trace: StepTrace) -> dict:

@@ -84,7 +84,9 @@ def build_lm(job: LmJob, layers: int | None = None, device: str | torch.device |
 
 def lm_step(job: LmJob, layers: int | None = None, micro_batch: int | None = None, seq_len: int | None = None,
             device_kind: DeviceKind = "cuda") -> TrainingStep:
-    """The TrainingStep trace_step runs for `job` (with `layers` blocks, at `micro_batch` x `seq_len`)."""
+    """The TrainingStep trace_step runs for `job` (with `layers` blocks, at `micro_batch` x `seq_len`). Every
+    traced size keeps the job's accumulation, as TrainingStep.at_micro_batch does: the sizes then differ only
+    in what one micro-batch holds, so their slopes are the cost of a sequence."""
     config = job.config(layers)
     micro = micro_batch or job.micro
 
@@ -96,7 +98,7 @@ def lm_step(job: LmJob, layers: int | None = None, micro_batch: int | None = Non
     return TrainingStep(
         build_model=lambda: build_lm(job, layers), input_shape=(seq_len or job.seq_len,),
         input_dtype=torch.int64, task="classification", num_classes=config.vocab_size, micro_batch_size=micro,
-        accumulation_steps=max(job.batch_size // micro, 1), precision=job.precision, optimizer=job.optimizer,
+        accumulation_steps=max(job.batch_size // job.micro, 1), precision=job.precision, optimizer=job.optimizer,
         optimizer_args={"lr": 1e-4}, grad_clip_norm=job.grad_clip_norm, device_kind=device_kind,
         vocabulary_size=config.vocab_size, target_shape=(seq_len or job.seq_len,), token_batches=True,
         build_on_meta=True, prepare=prepare)

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from trainwise.config import OptimConfig
+from trainwise.plan.fake_build import build_faked, build_on_meta, dense_gradients, into_mode
 from trainwise.plan.flops import FlopTally
 from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
 from trainwise.train.optim import build_optimizer
@@ -94,7 +95,7 @@ class StepTrace:
     breakdown: dict[str, int]  # category -> bytes live at the peak
     micro_batch_peak_bytes: int  # highest point during forward/backward: grows with the micro-batch
     optimizer_peak_bytes: int  # highest point during clip + optimizer step: independent of it
-    parameter_count: int
+    parameter_count: int  # trainable (what the optimizer updates)
     parameter_bytes: int
     largest_module_parameter_bytes: int  # FSDP gathers one module's full parameters at a time
     optimizer_state_bytes: int
@@ -107,6 +108,7 @@ class StepTrace:
     device_kind: DeviceKind
     precision: str
     peak_where: str = ""  # "forward of model.layers.3.mlp", "backward", "optimizer step"
+    total_parameter_count: int = 0  # every parameter once, frozen ones included
     # each part's peak and its split: forward/backward ("micro_batches") and the optimizer step ("optimizer")
     part_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
     part_where: dict[str, str] = field(default_factory=dict)
@@ -308,9 +310,9 @@ def trace_step(step: TrainingStep) -> StepTrace:
     # On a GPU each micro-batch is copied to the device just before its forward and the host batches
     # are not device memory; on a CPU the Trainer's whole group of micro-batches is the device's.
     to_device = (lambda t: t.clone()) if step.device_kind == "cuda" else (lambda t: t)
-    built = _build_on_meta(step) if step.build_on_meta else None
+    built = build_on_meta(step) if step.build_on_meta else None
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        model = _dense_gradients(_into_mode(built if built is not None else _build_faked(step), mode))
+        model = dense_gradients(into_mode(built if built is not None else build_faked(step), mode))
         del built
         host_batches = [[make_batch(step) for _ in range(step.accumulation_steps)] for _ in range(2)]
         with tracker:
@@ -352,64 +354,10 @@ def trace_step(step: TrainingStep) -> StepTrace:
         device_kind=step.device_kind,
         precision=step.precision,
         peak_where=tracker.peak_where[worst],
+        total_parameter_count=sum(p.numel() for p in model.parameters()),
         part_breakdowns={part: tracker.live_at(tracker.peak_time[part]) for part in tracker.peak},
         part_where=dict(tracker.peak_where),
     )
-
-
-def _build_on_meta(step: TrainingStep) -> nn.Module:
-    """The model built on the meta device, outside any fake mode: shapes without memory, where `.to(dtype)`,
-    `.half()` and peft's wrappers work (FakeTensorMode cannot swap a module's parameters)."""
-    with torch.device("meta"):
-        return step.build_model()
-
-
-def _build_faked(step: TrainingStep) -> nn.Module:
-    """The model built inside the fake mode; a builder that casts or wraps its model cannot be (`Couldn't swap
-    Linear.weight`), so it is then built again on the meta device."""
-    try:
-        return step.build_model()
-    except RuntimeError as error:
-        if "swap" not in str(error):
-            raise
-    with _outside_fake_mode():
-        return _build_on_meta(step)
-
-
-def _outside_fake_mode():
-    from torch.utils._python_dispatch import _disable_current_modes
-    return _disable_current_modes()
-
-
-def _into_mode(model: nn.Module, mode) -> nn.Module:
-    """Parameters and buffers that are not fake tensors of `mode` (a deepcopy inside the builder, as
-    nn.TransformerEncoder does, gives its copies a fake mode of their own) are replaced by ones that are;
-    shared tensors stay shared."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    replaced: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, tensor in table.items():
-                if tensor is None or (isinstance(tensor, FakeTensor) and tensor.fake_mode is mode):
-                    continue
-                if id(tensor) not in replaced:
-                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-                    if isinstance(tensor, nn.Parameter):
-                        fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
-                    replaced[id(tensor)] = fresh
-                table[name] = replaced[id(tensor)]
-    return model
-
-
-def _dense_gradients(model: nn.Module) -> nn.Module:
-    """Sparse-gradient embedding tables traced as dense: fake tensors cannot run a sparse backward (its size
-    depends on the ids). The gradient is overestimated (a whole table, not the rows looked up); the optimizer
-    state is exact (SparseAdam keeps two dense moments, as AdamW)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
-            module.sparse = False
-    return model
 
 
 def _label_gradients(tracker: AllocationTracker, parameters: list[nn.Parameter]) -> None:

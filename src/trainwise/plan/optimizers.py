@@ -20,7 +20,10 @@ MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit moments
 
 
 class PlannedAdamW8bit(torch.optim.Optimizer):
-    """The memory of bitsandbytes.optim.AdamW8bit (not its arithmetic: it runs on fake tensors only)."""
+    """The memory of bitsandbytes.optim.AdamW8bit (not its arithmetic: it runs on fake tensors only). Like the
+    fused kernels, it takes the step's `found_inf` flag instead of asking the host (train/step.py)."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float = 1e-3):
         super().__init__(params, {"lr": lr})

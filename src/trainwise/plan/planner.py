@@ -56,6 +56,8 @@ class PlanReport:
                     "steps_per_epoch": job.steps_per_epoch, "num_train": job.num_train,
                     "precision_requested": job.precision_requested, "precision_planned": job.step.precision,
                     "optimizer": job.step.optimizer, "parameters": est.parameter_count,
+                    "total_parameters": est.memory[next(iter(est.memory))].trace_at(
+                        job.step.micro_batch_size).total_parameter_count,
                     "parameter_bytes": est.parameter_bytes, "optimizer_state_bytes": est.optimizer_state_bytes,
                     "dataset_bytes": job.dataset_bytes},
             "memory": memory,

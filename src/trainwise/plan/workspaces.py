@@ -162,6 +162,10 @@ PROBED: dict[Any, tuple[tuple[int, int], ...]] = {
     aten.convolution_backward.default: ((0, 0), (1, 0)),
     aten.mm.default: ((0, 0),),
     aten.addmm.default: ((1, 0),),
+    # in place and into a given output (the chunked loss's backward, llm/loss.py): bf16 products convert
+    # through fp32 buffers of their own; no batch dimension to scale
+    aten.addmm_.default: (),
+    aten.mm.out: (),
     aten.bmm.default: ((0, 0), (1, 0)),
     aten.baddbmm.default: ((1, 0), (2, 0)),
     aten.mkldnn_rnn_layer.default: ((0, 1), (5, 0), (6, 0)),

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from trainwise.errors import TrainingError
+from trainwise.llm.methods import enable_gradient_checkpointing, gradient_checkpointing_enabled
 from trainwise.train.distributed import agree, average_gradients
 from trainwise.train.step import STEP_RANGE, MicroBatch, StepOutcome
 
@@ -139,7 +140,7 @@ def recover_from_oom(trainer: "Trainer", ranks: Sequence[int] = ()) -> None:
             evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
                       "accumulation_steps": trainer.accumulation_steps, **evidence})
     elif can_checkpoint(trainer.model):
-        trainer.model.gradient_checkpointing = True
+        enable_gradient_checkpointing(trainer.model)
         trainer.run_dir.log_event("oom_recovered", f"out of memory at step {step}{where} with micro-batch 1; "
                                   "retrying with gradient checkpointing (activations recomputed in backward)",
                                   severity="warning", step=step,
@@ -159,8 +160,14 @@ def smaller_micro_batch(current: int, per_rank_batch: int) -> int | None:
 
 
 def can_checkpoint(model: nn.Module) -> bool:
-    """Whether the model has a gradient-checkpointing switch that is off (the built-in models do)."""
-    return getattr(model, "gradient_checkpointing", None) is False
+    """Whether the model has a gradient-checkpointing switch that is off: the built-in models' attribute, or a
+    Hugging Face model's (also inside a peft wrapper) `activation_checkpointing_enable`."""
+    if gradient_checkpointing_enabled(model):
+        return False
+    hf_switch = any(callable(getattr(model, name, None)) for name in ("activation_checkpointing_enable",
+                                                                       "gradient_checkpointing_enable"))
+    return hf_switch and bool(getattr(model, "supports_gradient_checkpointing", True)) or \
+        getattr(model, "gradient_checkpointing", None) is False
 
 
 def out_of_memory_advice(step: int, micro_batch_size: int, precision: str) -> str:
