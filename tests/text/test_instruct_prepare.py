@@ -9,7 +9,8 @@ import pytest
 
 from tests.text.sft_tokenizers import CORPUS, write_hf_tokenizer_dir
 from trainwise.data.shards import verify
-from trainwise.data.prepare import PrepareOptions, prepare
+from trainwise.data.prepare import PrepareOptions
+from trainwise.text.prepare import prepare_corpus as prepare
 from trainwise.text.chat import read_chat_files
 from trainwise.text.instruct_prepare import InstructOptions, prepare_instructions, read_held_out
 from trainwise.text.packing import IGNORE_INDEX, PackedTextDataset

@@ -69,17 +69,41 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
             group["lr"] = max(group["lr"], ADAPTER_PROBE_LR) if group["lr"] > 0 else 0.0
     batch = [inputs] if isinstance(inputs, dict) else [(inputs, targets)]
     rows = len(inputs["input_ids"]) if isinstance(inputs, dict) else len(inputs)
+    before = [p.detach().clone() for p in model.parameters()]
     started = time.perf_counter()
     losses: list[float] = []
     norms: list[float] = []
-    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        budget = _train_steps(step, batch, steps, planned_steps, losses, norms, device)
+    except RuntimeError as error:  # a detached output: "element 0 of tensors does not require grad"
+        return Finding(
+            "overfit_probe_failed", "error", "the training step fails on one batch",
+            f"The model's training step raised: {_first_line(error)}. Nothing can learn until it runs.",
+            {"error": _first_line(error), "steps_done": len(losses), "rows": rows}, CHECKS)
+    elapsed = time.perf_counter() - started
+    if len(losses) < MIN_STEPS:
+        return Finding("overfit_probe_skipped", "info", f"one-batch probe cut short after {len(losses)} steps",
+                       f"A step on one micro-batch of {rows} rows took {elapsed / len(losses):.2g} s; the probe may "
+                       f"take {budget:.0f} s (10% of the planned run, at most {MAX_PROBE_S:.0f} s), too few steps to "
+                       "judge whether the model learns. The run's own loss curve will show it.",
+                       {"steps": len(losses), "rows": rows, "seconds": elapsed, "budget_s": budget})
+    moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before) if p.numel()),
+                default=0.0)
+    return _verdict(losses, norms, moved, rows=rows, lr=optimizer.param_groups[0]["lr"], seconds=elapsed,
+                    run_lr=run_lr, adapters=adapters)
+
+
+def _train_steps(step, batch, steps: int, planned_steps: int | None, losses: list[float], norms: list[float],
+                 device: torch.device) -> float:
+    """Run the probe's steps, recording each loss and gradient norm, until `steps` or the time bound; the
+    bound in seconds."""
     threads = torch.get_num_threads()
     if device.type == "cpu":
         # one batch of a few dozen rows: extra threads cost more in hand-offs than they save, and on a
         # busy machine (other jobs on the cores) they made each step 10× slower
         torch.set_num_threads(1)
+    started, budget = time.perf_counter(), MAX_PROBE_S
     try:
-        budget = MAX_PROBE_S
         for _ in range(steps):
             outcome = step(batch)
             losses.append(float(outcome.loss))
@@ -89,33 +113,24 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
                 budget = probe_budget_s(elapsed, planned_steps)
             if elapsed > budget:
                 break
-    except RuntimeError as error:  # a detached output: "element 0 of tensors does not require grad"
-        return Finding(
-            "overfit_probe_failed", "error", "the training step fails on one batch",
-            f"The model's training step raised: {_first_line(error)}. Nothing can learn until it runs.",
-            {"error": _first_line(error), "steps_done": len(losses), "rows": rows}, CHECKS)
     finally:
         torch.set_num_threads(threads)
-    elapsed = time.perf_counter() - started
-    if len(losses) < MIN_STEPS:
-        return Finding("overfit_probe_skipped", "info", f"one-batch probe cut short after {len(losses)} steps",
-                       f"A step on one micro-batch of {rows} rows took {elapsed / len(losses):.2g} s; the probe may "
-                       f"take {budget:.0f} s (10% of the planned run, at most {MAX_PROBE_S:.0f} s), too few steps to "
-                       "judge whether the model learns. The run's own loss curve will show it.",
-                       {"steps": len(losses), "rows": rows, "seconds": elapsed, "budget_s": budget})
+    return budget
+
+
+def _verdict(losses: list[float], norms: list[float], moved: float, *, rows: int, lr: float,
+             seconds: float, run_lr: float, adapters: bool) -> Finding:
     steps = len(losses)
     first, last = losses[0], min(losses[-3:])
     kept = last / first if first > 0 and math.isfinite(first) else float("nan")
-    moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before) if p.numel()),
-                default=0.0)
     evidence = {"steps": steps, "rows": rows, "first_loss": first, "last_loss": last, "share_kept": kept,
                 "first_grad_norm": norms[0], "last_grad_norm": norms[-1], "largest_weight_change": moved,
-                "lr": optimizer.param_groups[0]["lr"], "run_lr": run_lr, "frozen_base": adapters, "seconds": elapsed,
+                "lr": lr, "run_lr": run_lr, "frozen_base": adapters, "seconds": seconds,
                 "rule": f"loss below {SHARP_KEPT:.0%} of its start after {steps} steps"}
     if not math.isfinite(last) or not math.isfinite(kept) or moved == 0:
         why = (f"the loss became {last}" if not math.isfinite(last) or not math.isfinite(kept) else
                "the gradient norm is 0: no gradient reaches the weights" if norms[0] == 0 else
-               f"not one weight changed (LR {evidence['lr']:.3g})")
+               f"not one weight changed (LR {lr:.3g})")
         return Finding("overfit_probe_failed", "error", f"the model cannot overfit one batch: {why}",
                        f"{steps} steps on one batch of {rows} rows should drive its loss near zero, but {why}; "
                        f"the loss went from {first:.4g} to {last:.4g}. The model, loss or optimizer wiring is broken.",
@@ -123,7 +138,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
     if kept > SHARP_KEPT:
         return Finding("overfit_probe_slow", "warn", f"one batch is not memorised: loss still {kept:.0%} of its start",
                        f"After {steps} steps on one batch the loss went from {first:.4g} to {last:.4g} only (LR "
-                       f"{evidence['lr']:.3g}); a wired model at a working LR drives it near zero. "
+                       f"{lr:.3g}); a wired model at a working LR drives it near zero. "
                        + ("Only the adapters train (the base is frozen): the rank (model.lora.rank) or the layers "
                           "they wrap (model.lora.target_modules) may be too few, " if adapters else
                           "The LR may be too low, ") + "or the loss may not follow the labels.", evidence,
@@ -131,7 +146,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
     return Finding("overfit_probe", "info", f"overfits one batch: loss {first:.3g} → {last:.3g} in {steps} steps",
                    "The model, loss and optimizer are wired: gradients reach the weights and the loss follows the "
                    "labels." + (f" Only the adapters train (the base is frozen); the probe trained them at LR "
-                                f"{evidence['lr']:.3g}, the run at {run_lr:.3g}." if adapters else ""), evidence)
+                                f"{lr:.3g}, the run at {run_lr:.3g}." if adapters else ""), evidence)
 
 
 def _first_line(error: BaseException) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainwise.errors import ConfigError, RunDirError
+from trainwise.errors import ConfigError
 from trainwise.text.chat_templates import saved_template
 from trainwise.text.gpt import GPT
 from trainwise.evaluate.run_model import load_run_model

@@ -68,7 +68,7 @@ def language_model_section(run: RunDir, records: list[dict[str, Any]], evaluatio
         last = train[-1]
         mfu = f", MFU {last['mfu']:.1%}" if "mfu" in last else " (no MFU: no catalogue peak for this device)"
         section["throughput"] = f"Training ran at {last['tokens_per_s']:,.0f} tokens/s per rank{mfu}."
-    seq_len = recorded_sequence_length(run.tokenizer_dir) or (config.data.seq_len if config else None)
+    seq_len = recorded_sequence_length(run.tokenizer_dir()) or (config.data.seq_len if config else None)
     if seq_len and config:
         per_step = config.train.batch_size * seq_len
         section["by_tokens"] = [[r["step"], f"{r['step'] * per_step:,}", f"{r['loss']:.4f}"]

@@ -37,14 +37,14 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
     run = RunDir.open(path)
     config = run.read_config()
     require_trust(run, config, trust_code=trust_code, command="generate")
-    if not run.tokenizer_dir.is_dir():
+    if not run.tokenizer_dir().is_dir():
         raise RunDirError(f"{run.path} has no tokenizer/: it is not a language-model run (or it was trained on "
                           "text before runs kept their tokenizer; train it again).")
     if not run.model_path.is_file():
         raise RunDirError(f"{run.path} has no final weights (model.safetensors): did the run complete? Resume it "
                           f"with `trainwise resume {run.path}`.")
-    tokenizer = load_tokenizer(run.tokenizer_dir)
-    seq_len = recorded_sequence_length(run.tokenizer_dir) or config.data.seq_len or 256
+    tokenizer = load_tokenizer(run.tokenizer_dir())
+    seq_len = recorded_sequence_length(run.tokenizer_dir()) or config.data.seq_len or 256
     spec = DataSpec(input_shape=(seq_len,), num_classes=tokenizer.vocab_size, task="causal_lm",
                     input_dtype=torch.int64, tokenizer_fingerprint=tokenizer.fingerprint)
     model = build_model(config, spec)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trainwise.config import RunConfig
+from trainwise.config import RunConfig, accumulation_steps
 from trainwise.errors import ConfigError
 from trainwise.plan.advise import Estimates, PeakCurve
 from trainwise.plan.memory import DeviceKind, StepTrace, TrainingStep, trace_step
@@ -98,7 +98,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda") -> Job:
     step = TrainingStep(
         build_model=build, input_shape=tuple(spec.input_shape), input_dtype=spec.input_dtype,
         task=spec.task, num_classes=spec.num_classes, micro_batch_size=micro,
-        accumulation_steps=train.batch_size // micro, precision=precision, optimizer=config.optim.name,
+        accumulation_steps=accumulation_steps(train.batch_size, micro), precision=precision, optimizer=config.optim.name,
         optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,

@@ -106,7 +106,7 @@ class RunDir:
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
                  run.model_path, run.adapter_dir, run.summary_path, run.eval_dir, run.report_path("html"),
                  run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path,
-                 run.checksums_path, run.tokenizer_dir]
+                 run.checksums_path, run.tokenizer_dir()]
         return frozenset(path.name for path in paths)
 
     @classmethod
@@ -180,7 +180,6 @@ class RunDir:
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 
-    @property
     def tokenizer_dir(self) -> Path:
         return self.path / "tokenizer"
 

@@ -68,6 +68,17 @@ def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.dev
                    autocast=lambda: autocast(precision, device))
 
 
+def split_metrics(model: torch.nn.Module, dataset: Dataset, *, task: str,
+                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device | str,
+                  batch_size: int, precision: Precision = "fp32") -> dict[str, float]:
+    """Validation during training: a language model's token metrics, streamed (never all logits at once);
+    any other model's outputs gathered and its headline metrics."""
+    if yields_token_batches(dataset):
+        return token_metrics(model, dataset, device=device, batch_size=batch_size, precision=precision)
+    outputs, targets = predict(model, dataset, device=device, batch_size=batch_size, precision=precision)
+    return headline_metrics(outputs, targets, task, loss_fn)
+
+
 def headline_metrics(outputs: torch.Tensor, targets: torch.Tensor, task: str,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict[str, float]:
     """What the loop logs and early stopping can monitor; `trainwise eval` computes the full set. Class

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from trainwise.train.trainer import Trainer
 
 
+def checkpoint_bytes(model: torch.nn.Module, trainable: list[torch.nn.Parameter], optimizer_name: str) -> int:
+    """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
+    weights = sum(t.nbytes for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    moments = {"adamw": 2, "adam": 2, "sgd": 1}.get(optimizer_name, 2)
+    return weights + moments * sum(p.nbytes for p in trainable)
+
+
 def capture_rng() -> dict[str, Any]:
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {

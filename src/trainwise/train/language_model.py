@@ -69,6 +69,20 @@ def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -
     return figures
 
 
+class TokenFigures:
+    """What a log interval's tokens/s means for this model: FLOPs per token at the batches' sequence length,
+    and MFU against `owner.peak_flops` (set by PeakFlops; absent on a CPU)."""
+
+    def __init__(self, model: nn.Module, owner: object):
+        self.model, self.owner = model, owner
+        self._flops: dict[int, float] = {}
+
+    def __call__(self, tokens_per_s: float, seq_len: int) -> dict[str, float]:
+        if seq_len not in self._flops:
+            self._flops[seq_len] = flops_per_token(self.model, seq_len)
+        return token_figures(tokens_per_s, self._flops[seq_len], getattr(self.owner, "peak_flops", None))
+
+
 def mfu_text(record: dict, device_type: str) -> str:
     """The progress line's words for MFU."""
     if "mfu" in record:
@@ -99,7 +113,7 @@ class KeepTokenizer(Callback):
         self.source, self.seq_len = Path(source), seq_len
 
     def on_fit_start(self, trainer) -> None:
-        target = trainer.run_dir.tokenizer_dir
+        target = trainer.run_dir.tokenizer_dir()
         if not trainer.ranks.is_main or target.is_dir():
             return
         partial = target.with_name(target.name + ".partial")

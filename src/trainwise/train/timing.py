@@ -3,17 +3,22 @@ is written, so measuring costs nothing between log lines."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import torch
+
+from trainwise.train.language_model import TokenFigures, tokens_in
+from trainwise.train.step import MicroBatch
 
 T = TypeVar("T")
 
 
 class StepTimer:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, figures: TokenFigures | None = None):
         self.device = device
+        self.figures = figures  # token batches: tokens/s -> FLOPs per token and MFU
+        self.seq_len = 0
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -35,10 +40,12 @@ class StepTimer:
             self.data_wait += time.perf_counter() - start
             yield item
 
-    def step_done(self, loss: torch.Tensor, samples: int, tokens: int = 0) -> None:
+    def step_done(self, loss: torch.Tensor, samples: int, micro_batches: Sequence[MicroBatch] = ()) -> None:
         self.steps += 1
         self.samples += samples
-        self.tokens += tokens  # token batches: the positions computed, from their shapes
+        tokens, seq_len = tokens_in(micro_batches)  # token batches: the positions computed, from their shapes
+        self.tokens += tokens
+        self.seq_len = seq_len or self.seq_len
         self.loss_sum = self.loss_sum + loss  # stays on the device: no sync
 
     def flush(self) -> dict[str, float]:
@@ -59,5 +66,7 @@ class StepTimer:
         }
         if self.tokens:
             record["tokens_per_s"] = self.tokens / wall
+            if self.figures is not None:
+                record.update(self.figures(record["tokens_per_s"], self.seq_len))
         self._reset(now)
         return record

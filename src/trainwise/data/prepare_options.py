@@ -1,0 +1,59 @@
+"""The options of `trainwise prepare`, every kind's: what changes the prepared bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainwise.data import interactions as interaction_kind
+from trainwise.errors import DataError
+
+Kind = Literal["auto", "images", "table", "interactions", "text"]
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """Everything that changes the prepared bytes (the fingerprint cache compares these)."""
+
+    kind: Kind = "auto"
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    seed: int = 0
+    shard_size: int | None = None        # samples per shard; default: what fits in SHARD_BYTES
+    size: str = "64"                     # images: height x width after resize + center crop
+    channels: int = 3                    # images: 3 (RGB) or 1 (grayscale)
+    label: str | None = None             # tables: label column
+    task: str = "auto"                   # tables: auto | classification | regression
+    user_col: str | None = None          # interactions
+    item_col: str | None = None
+    time_col: str | None = None
+    target_col: str | None = None
+    split: str = "time"                  # interactions: time | last-k
+    last_k: int = 1
+    event_col: str | None = None         # interactions: behaviour type (view/cart/buy); default: `event`...
+    session_gap: str | None = None       # interactions: a pause this long (e.g. 30m) starts a new session
+    tokenizer: str | None = None         # text: `bytes` (default) or a tokenizer / model directory
+    train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
+    text_field: str = "text"             # text: the field of a JSONL record holding the document
+    seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
+    chat_format: str = "auto"            # instruction data: auto | alpaca | sharegpt | messages
+    template: str | None = None          # instruction data: a built-in chat template; None: the tokenizer's
+    too_long: str = "truncate"           # instruction data: over seq_len, truncate the prompt or drop
+    mask_prompt: bool = True             # instruction data: only the assistant's tokens carry loss
+
+    def check(self) -> None:
+        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
+                self.val_fraction + self.test_fraction >= 0.9:
+            raise DataError(f"--val-fraction {self.val_fraction:g} + --test-fraction {self.test_fraction:g}: each "
+                            "in [0, 1) and together under 0.9, so training keeps at least 10%.")
+        if self.channels not in (1, 3):
+            raise DataError(f"--channels {self.channels}: use 3 (RGB) or 1 (grayscale).")
+        if self.shard_size is not None and self.shard_size < 1:
+            raise DataError(f"--shard-size {self.shard_size}: a shard holds at least one sample.")
+        if self.task not in ("auto", "classification", "regression"):
+            raise DataError(f"--task {self.task!r}: use auto, classification or regression.")
+        if self.session_gap is not None:
+            interaction_kind.parse_duration(self.session_gap)
+        if self.too_long not in ("truncate", "drop"):
+            raise DataError(f"--too-long {self.too_long!r}: use truncate (cut the prompt's start) or drop.")
+        if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages"):
+            raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt or messages.")
