@@ -11,6 +11,7 @@ from tests.conftest import invoke, stop_at
 from tests.text.sft_data import prepared_chats, sft_config
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.checkpoint_files import read_checkpoint
+from trainwise.rundir.adapter import adapter_dir
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.model_state import load_kept_state, saved_record
 from trainwise.launch.runs import build_trainer, train_run
@@ -46,7 +47,7 @@ def test_the_adapter_loads_in_peft_with_the_runs_logits(straight):
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         base = build_hf(resolve_config(config.model.hf_config, vocab_size=vocab), device="cpu")
-    loaded = PeftModel.from_pretrained(base, str(straight.adapter_dir)).eval()
+    loaded = PeftModel.from_pretrained(base, str(adapter_dir(straight))).eval()
     ids = torch.randint(0, vocab, (2, 12))
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, tuned(input_ids=ids).logits, atol=1e-6)

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import stop_at, tiny_config
 from trainwise.errors import RunDirError
+from trainwise.rundir.adapter import adapter_dir
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_files import read_checkpoint
 from trainwise.launch.runs import build_trainer, train_run
@@ -55,16 +56,16 @@ def test_the_adapter_loads_in_peft_with_the_trained_outputs(straight):
 
     from tests.train.lora_models import TwoLayer, lora_mlp
 
-    assert {p.name for p in straight.adapter_dir.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
+    assert {p.name for p in adapter_dir(straight).iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
     trained = lora_mlp(type("Spec", (), {"input_shape": (30,), "num_classes": 2})())
     trained.load_state_dict(load_file(straight.model_path), strict=False)
     with torch.random.fork_rng():
         torch.manual_seed(7)
         base = TwoLayer(30, 2)
-    loaded = PeftModel.from_pretrained(base, str(straight.adapter_dir)).eval()
+    loaded = PeftModel.from_pretrained(base, str(adapter_dir(straight))).eval()
     x = torch.randn(5, 30)
     assert torch.equal(loaded(x), trained.eval()(x))
-    assert RunDir(straight.path).verify(straight.adapter_dir / "adapter_model.safetensors") is None
+    assert RunDir(straight.path).verify(adapter_dir(straight) / "adapter_model.safetensors") is None
 
 
 def test_evaluate_puts_the_adapter_on_the_rebuilt_base_and_refuses_another_base(straight):

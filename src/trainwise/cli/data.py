@@ -1,6 +1,7 @@
 """CLI commands of this room: `trainwise prepare`, `trainwise data verify`, `trainwise data bench`."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -51,15 +52,10 @@ def prepare(
     text_field: str = typer.Option("text", help="Text: the field of each JSONL record that holds the document."),
     seq_len: Optional[int] = typer.Option(None, help="Text: the context length to report truncation and packing "
                                           "for (default: suggested from the document lengths)."),
-    chat_format: str = typer.Option("auto", "--format", help="Instruction data: alpaca (instruction/input/"
-                                    "output), sharegpt (conversations of from/value) or messages (OpenAI-style "
-                                    "role/content); auto detects it from the first row."),
-    template: Optional[str] = typer.Option(None, help="Instruction data: a built-in chat template (chatml, "
-                                           "llama3, plain) instead of the tokenizer's own."),
-    too_long: str = typer.Option("truncate", help="Instruction data longer than --seq-len: truncate (drop the "
-                                 "prompt's oldest tokens, keeping the last answer whole) or drop."),
-    mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Instruction data: only the "
-                                     "assistant's tokens carry loss (--no-mask-prompt: every token, an ablation)."),
+    chat_format: str = typer.Option("auto", "--format", help="Chat data: alpaca | sharegpt | messages | auto."),
+    template: Optional[str] = typer.Option(None, help="Chat data: chatml | llama3 | plain (default: the tokenizer's)."),
+    too_long: str = typer.Option("truncate", help="Chat data over --seq-len: truncate the prompt, or drop."),
+    mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Chat data: loss on answers only."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -72,13 +68,8 @@ def prepare(
     if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source)):
         run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
-    options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
-                             shard_size=shard_size, size=size, channels=channels, label=label, task=task,
-                             user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
-                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap,
-                             tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
-                             seq_len=seq_len, chat_format=chat_format, template=template, too_long=too_long,
-                             mask_prompt=mask_prompt)
+    chosen = locals()
+    options = PrepareOptions(**{field.name: chosen[field.name] for field in dataclasses.fields(PrepareOptions)})
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)

@@ -41,7 +41,7 @@ def generate_command(
     target = resolve_device(device)
     loaded = load_run_model(run_dir, device=target, trust_code=trust_code)
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed)
-    template = None if raw else saved_template(loaded.run.tokenizer_dir, loaded.tokenizer)
+    template = None if raw else saved_template(loaded.run.tokenizer_dir(), loaded.tokenizer)
     if template is not None:
         text = reply(loaded.model, loaded.tokenizer, template, [{"role": "user", "content": prompt}], sampling,
                      device=target)

@@ -84,7 +84,7 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial), safe_serialization=True)
     tokenizer_note = _save_tokenizer(loaded.tokenizer, partial)
-    template = saved_template(loaded.run.tokenizer_dir, loaded.tokenizer)
+    template = saved_template(loaded.run.tokenizer_dir(), loaded.tokenizer)
     if getattr(template, "jinja", "") and "saved" in tokenizer_note.split()[0]:
         # the built-in template the data was rendered with, in the form transformers' apply_chat_template reads
         (partial / "chat_template.jinja").write_text(template.jinja)

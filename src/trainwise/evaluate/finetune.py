@@ -132,11 +132,11 @@ def instruction_evaluation(run: Any, config: Any, model: nn.Module, split: str, 
     from trainwise.text.instruct_prepare import read_held_out
     from trainwise.text.tokenizer import load_tokenizer
 
-    if not config.data.path or not run.tokenizer_dir.is_dir():
+    if not config.data.path or not run.tokenizer_dir().is_dir():
         return None
     held_out = read_held_out(Path(config.data.path), split)
-    tokenizer = load_tokenizer(run.tokenizer_dir)
-    template = saved_template(run.tokenizer_dir, tokenizer)
+    tokenizer = load_tokenizer(run.tokenizer_dir())
+    template = saved_template(run.tokenizer_dir(), tokenizer)
     if template is None or not held_out:
         return None
     model = model.to(device)

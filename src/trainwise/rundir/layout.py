@@ -36,10 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainwise.errors import RunDirError, RunDirWarning
-from trainwise.rundir import checkpoint_files
+from trainwise.rundir import adapter as run_adapter, checkpoint_files
 from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
-from trainwise.rundir.atomic import (atomic_write_digest, atomic_write_directory, atomic_write_json, atomic_write_text,
-                                     remove_temp_files)
+from trainwise.rundir.atomic import atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.rundir.checkpoint_dirs import CheckpointDirs, numbered
 from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable, config_not_text, damaged_file_advice,
                                         disk_full_advice, free_space_warning, load_weights_file, newest_intact)
@@ -104,9 +103,9 @@ class RunDir:
         """The top-level names a run directory may hold: what --overwrite may replace."""
         run = RunDir(".")
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
-                 run.model_path, run.adapter_dir, run.summary_path, run.eval_dir, run.report_path("html"),
-                 run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path,
-                 run.checksums_path, run.tokenizer_dir()]
+                 run.model_path, run.path / run_adapter.ADAPTER_DIR, run.summary_path, run.eval_dir, run.lock_path,
+                 run.report_path("html"), run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths,
+                 run.error_log_path, run.checksums_path, run.tokenizer_dir()]
         return frozenset(path.name for path in paths)
 
     @classmethod
@@ -143,11 +142,6 @@ class RunDir:
     @property
     def model_path(self) -> Path:
         return self.path / "model.safetensors"
-
-    @property
-    def adapter_dir(self) -> Path:
-        """A LoRA run's adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
-        return self.path / "adapter"
 
     @property
     def summary_path(self) -> Path:
@@ -397,17 +391,6 @@ class RunDir:
                                       expected_bytes=len(data), advice=self._disk_advice())
         self._ledger.record({self.model_path: written})
         return written.path
-
-    def write_directory(self, target: Path, write: Callable[[Path], Any], *, what: str) -> Path:
-        """`write(tmp)` fills a fresh directory (a library's own save_pretrained) that replaces `target` in one
-        rename; the checksum of each of its files is recorded."""
-        self.acquire_writer()
-        try:
-            written = atomic_write_directory(target, write)
-        except OSError as error:
-            raise RunDirError(f"could not write {what} to {target}: {error}") from None
-        self._ledger.record({w.path: w for w in written})
-        return target
 
     def read_model(self) -> dict[str, Any]:
         """The final weights, verified against their checksum; DamagedFileError when they are not intact."""

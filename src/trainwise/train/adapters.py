@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from trainwise.rundir.adapter import write_adapter
 from trainwise.runtime.model_state import find_peft_model
 
 if TYPE_CHECKING:
@@ -29,5 +30,4 @@ def save_adapter(model: nn.Module, run_dir: "RunDir", base_model: str | None = N
     if base_model:
         for config in peft_model.peft_config.values():
             config.base_model_name_or_path = config.base_model_name_or_path or base_model
-    return run_dir.write_directory(run_dir.adapter_dir, lambda tmp: peft_model.save_pretrained(str(tmp)),
-                                   what="the LoRA adapter")
+    return write_adapter(run_dir, lambda tmp: peft_model.save_pretrained(str(tmp)))

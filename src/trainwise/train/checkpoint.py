@@ -180,3 +180,15 @@ def final_weights(trainer: "Trainer") -> dict[str, torch.Tensor]:
 
         return sharded_checkpoint.full_model_state(trainer.model, sharded=torch.distributed.is_initialized())
     return kept_state(trainer.model)
+
+
+def write_final(trainer: "Trainer", *, weights_step: int | None, restored: bool) -> None:
+    """model.safetensors (only what trains, on a frozen base) and, for a LoRA run, RUN/adapter/ in peft's
+    format (rank 0)."""
+    from trainwise.train.adapters import save_adapter
+
+    record = {} if trainer.sharded else save_record(trainer.model)
+    trainer.run_dir.write_model(final_weights(trainer), {"step": str(weights_step), "run_steps": str(trainer.step),
+                                                         "restored_best": str(restored), **record})
+    if trainer.ranks.is_main:
+        save_adapter(trainer.model, trainer.run_dir)

@@ -50,8 +50,6 @@ from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, def
 from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
 from trainwise.train.language_model import TokenFigures
 from trainwise.train.timing import StepTimer
-from trainwise.train.adapters import save_adapter
-from trainwise.runtime.model_state import save_record
 
 
 class Trainer:
@@ -391,11 +389,7 @@ class Trainer:
         message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
-        self.run_dir.write_model(ckpt.final_weights(self), {"step": str(weights_step), "run_steps": str(self.step),
-                                                            "restored_best": str(restored),
-                                                            **({} if self.sharded else save_record(self.model))})
-        if self.ranks.is_main:
-            save_adapter(self.model, self.run_dir)  # LoRA: the adapter in peft's format, beside the weights
+        ckpt.write_final(self, weights_step=weights_step, restored=restored)  # and a LoRA run's adapter
         return self._write_summary("completed", started, message=message, restored_best=restored)
 
     def _write_summary(self, status: str, started: float, message: str | None = None,
