@@ -115,3 +115,8 @@ def test_each_builtin_template_has_a_jinja_twin_that_renders_the_same_text(name)
     messages = CHAT.as_messages()
     assert "".join(s.text for s in twin.segments(messages)) == "".join(s.text for s in builtin.segments(messages))
     assert twin.prompt(messages[:3]) == builtin.prompt(messages[:3])
+
+
+def test_the_tokenizers_template_ends_an_answer_where_it_writes_its_end_marker(hf_tokenizer):
+    """Generation cuts an answer at the template's own end-of-turn text, not only at end-of-text."""
+    assert choose_template(None, hf_tokenizer).stop_text == "<|im_end|>"

@@ -141,7 +141,13 @@ class JinjaTemplate:
 
     @property
     def stop_text(self) -> str | None:
-        return self.special_tokens.get("eos_token")
+        """What the template writes right after an answer (`<|im_end|>`, `<|eot_id|>`): found by rendering a
+        sentinel answer; the tokenizer's end-of-text when the template writes nothing there."""
+        sentinel = "\x00answer\x00"
+        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": sentinel}],
+                                add_generation_prompt=False)
+        after = rendered.split(sentinel, 1)[1].strip() if sentinel in rendered else ""
+        return after or self.special_tokens.get("eos_token")
 
 
 CHOICE_FILE = "trainwise_chat_template.json"  # beside a saved tokenizer: the template its data was rendered with
