@@ -75,6 +75,10 @@ class Trainer:
         self._settled_step: int | None = None
         self._setup_step(loss_fn, no_sync)
         self._setup_data()
+        self.checkpointer = ckpt.Checkpointer(
+            self.run_dir, config, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            scaler=self.scaler, early_stopping=self.early_stopping, state=self.state, ranks=self.ranks,
+            sharded=self.strategy == "fsdp", resize=self.set_micro_batch)
         defaults = default_callbacks(config) if self.ranks.is_main else []
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
@@ -87,7 +91,6 @@ class Trainer:
         train = self.config.train
         self.ranks = init_distributed(train.dist_timeout_s, sharded=train.strategy in ("ddp", "fsdp"))
         self.strategy = resolve_strategy(train.strategy, self.ranks)
-        self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
         self.device = resolve_device(train.device, self.ranks.local_rank if self.ranks.enabled else None)
         self.precision = resolve_precision(train.precision, self.device)
         self.tf32 = enable_tf32(self.device, train.tf32)
@@ -157,7 +160,7 @@ class Trainer:
         """Train to `max_steps` (or an early stop, or a signal). `resume=True` continues from `last`."""
         started = time.time()
         if resume:
-            choice = ckpt.choose(self)  # `last`, or the newest intact step; the same on every rank
+            choice = self.checkpointer.choose()  # `last`, or the newest intact step; the same on every rank
             if choice.notice:
                 self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
                 if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
@@ -184,10 +187,6 @@ class Trainer:
         except BaseException as error:
             self._fail(error, started, during_step=self.step + 1)
         return self._finish(started)
-
-    def checkpoint_bytes(self) -> int:
-        """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
-        return ckpt.checkpoint_bytes(self.model, self.train_step.parameters, self.config.optim.name)
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current optimizer step (callbacks may call this)."""
@@ -304,14 +303,14 @@ class Trainer:
         self._save_checkpoint(is_best=is_best)
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
-        path = ckpt.save(self, is_best=is_best)
+        path = self.checkpointer.save(is_best=is_best)
         self._last_checkpoint_step = self.step  # only once it is on disk: a resume continues from here
         if self._summary.started is not None and self.ranks.is_main:  # a killed run's summary shows its progress
             self._write_summary("running", self._summary.started)
         self.callbacks.on_checkpoint(self, path)
 
     def _load(self, path: Path) -> None:
-        ckpt.load(self, path)
+        self.checkpointer.load(path)
         self.train_step.steps_done = self.step
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
@@ -384,12 +383,12 @@ class Trainer:
             return self._write_summary("stopped", started, message=message)
         # model.safetensors holds the best step's weights when early stopping restores them; the final
         # step's stay in the last checkpoint (`eval --checkpoint final` reads them from there)
-        restored = ckpt.restore_best(self)
+        restored = self.checkpointer.restore_best()
         weights_step = self.early_stopping.best_step if restored else self.step
         message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
-        ckpt.write_final(self, weights_step=weights_step, restored=restored)  # and a LoRA run's adapter
+        self.checkpointer.write_final(weights_step=weights_step, restored=restored)  # and a LoRA run's adapter
         return self._write_summary("completed", started, message=message, restored_best=restored)
 
     def _write_summary(self, status: str, started: float, message: str | None = None,
