@@ -81,7 +81,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
         loss_fn=default_loss(spec.task, config.train.label_smoothing),
         precision=resolve_precision(config.train.precision, device), device=device,
         grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name,
-        planned_steps=config.train.max_steps * max(1, config.train.batch_size // rows)))
+        planned_steps=None if config.train.max_steps is None else  # an epochs-based run: no step count here
+        config.train.max_steps * max(1, config.train.batch_size // rows)))
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 
