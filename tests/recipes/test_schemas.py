@@ -59,7 +59,6 @@ def _refusal(**sections) -> str:
     ({"name": "mlp", "args": {"hiden": [8]}}, ["model.args: mlp takes no argument 'hiden'", "Did you mean 'hidden'",
                                                "It accepts: hidden, dropout"]),
     ({"name": "resnet"}, ["model.name: unknown built-in model 'resnet'", "cnn, mlp", "model.factory"]),
-    ({"name": None}, ["model.name: unknown built-in model None"]),
 ])
 def test_bad_model_args_are_refused_naming_the_key_and_the_allowed_shape(model, phrases):
     message = _refusal(model=model)
@@ -103,3 +102,14 @@ def test_load_recipe_checks_the_args_before_anything_is_built():
     with pytest.raises(ConfigError, match=r"invalid override .*\n  model.args: din takes no argument 'hiden'. Did you "
                                           r"mean 'hidden'\?.* \(given by the override 'model.args.hiden=3'\)"):
         load_recipe("shop-din", ["model.args.hiden=3"])
+
+
+def test_a_recipe_may_leave_the_model_to_name_and_building_says_what_to_set():
+    """sft-lora ships with model.hf: null (the user's model directory): it loads, and building it without one
+    says which fields name a model."""
+    from trainwise.recipes import load_recipe
+    from trainwise.recipes.factories import build_model
+
+    config = load_recipe("sft-lora")
+    with pytest.raises(ConfigError, match="no model is named: set model.hf=DIR"):
+        build_model(config, None)

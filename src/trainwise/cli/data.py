@@ -1,6 +1,7 @@
 """CLI commands of this room: `trainwise prepare`, `trainwise data verify`, `trainwise data bench`."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -62,6 +63,10 @@ def prepare(
     text_field: str = typer.Option("text", help="Text: the field of each JSONL record that holds the document."),
     seq_len: Optional[int] = typer.Option(None, help="Text: the context length to report truncation and packing "
                                           "for (default: suggested from the document lengths)."),
+    chat_format: str = typer.Option("auto", "--format", help="Chat data: alpaca | sharegpt | messages | auto."),
+    template: Optional[str] = typer.Option(None, help="Chat data: chatml | llama3 | plain (default: the tokenizer's)."),
+    too_long: str = typer.Option("truncate", help="Chat data over --seq-len: truncate the prompt, or drop."),
+    mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Chat data: loss on answers only."),
     force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
 ) -> None:
     """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
@@ -74,14 +79,8 @@ def prepare(
     if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source)):
         run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
-    options = PrepareOptions(kind=kind, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
-                             shard_size=shard_size, size=size, channels=channels, label=label, task=task,
-                             user_col=user_col, item_col=item_col, time_col=time_col, target_col=target_col,
-                             split=split, last_k=last_k, event_col=event_col, session_gap=session_gap,
-                             keep_duplicates=keep_duplicates, encoding=encoding, numeric=numeric,
-                             categorical=categorical, max_image_pixels=max_image_pixels,
-                             tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
-                             seq_len=seq_len)
+    chosen = locals()
+    options = PrepareOptions(**{field.name: chosen[field.name] for field in dataclasses.fields(PrepareOptions)})
     with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
         task_id = bar.add_task("prepare", total=None)
@@ -108,7 +107,12 @@ def _print_result(result, to: Path) -> None:
     if manifest["kind"] == "text":
         from trainwise.text.prepare import summary_lines
 
-        for line in summary_lines(manifest):
+        lines = summary_lines(manifest)
+        if "instruct" in manifest:
+            from trainwise.text.instruct_prepare import summary_lines as instruct_lines
+
+            lines += instruct_lines(manifest)
+        for line in lines:
             console.print(line, soft_wrap=True, highlight=False, markup=False)
     skipped = manifest.get("skipped") or {}
     if skipped.get("count") and manifest["kind"] != "text":
@@ -131,6 +135,10 @@ def next_step(manifest: dict, to: Path) -> str:
 
     from trainwise.recipes import load_recipe
 
+    if manifest["kind"] == "text" and "instruct" in manifest:
+        return (f"Next: trainwise train sft-lora model.hf=MODEL_DIR data.path={shlex.quote(str(to))} --out "
+                f"runs/{shlex.quote(Path(to).name)} (LoRA on a local Hugging Face model; model.method=full or freeze "
+                "for the others)")
     if manifest["kind"] == "text":
         return (f"Next: trainwise train lm-gpt data.path={shlex.quote(str(to))} --out runs/{shlex.quote(Path(to).name)}"
                 f" (a small GPT; model.hf_config=gpt2 or model.hf=DIR for a Hugging Face model)")

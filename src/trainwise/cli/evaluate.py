@@ -53,6 +53,15 @@ def eval_command(
                                               for k in ("precision", "recall", "f1")),
                               str(row["support"]), str(row["predicted"]))
         console.print(per_class)
+    tuned = result.get("finetune")
+    if tuned:  # a fine-tune on instruction data: exact match on the held-out prompts, base vs tuned answers
+        console.print(f"exact match {tuned['exact_match']:.1%} on {tuned['answers']} held-out prompts (greedy, chat "
+                      f"template {tuned['chat_template']}); loss, perplexity and token accuracy above are on the "
+                      "answers only", highlight=False)
+        answers = Table("prompt", "reference", "base", "tuned", box=None, title="base and tuned answers")
+        for row in tuned["side_by_side"]:
+            answers.add_row(row["prompt"], row.get("reference", ""), row["base"], row["tuned"])
+        console.print(answers)
     _print_warnings(result["warnings"])
     console.print(f"written: {Path(result['files']['metrics']).parent}")
 

@@ -27,8 +27,13 @@ def generate_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
     as_json: bool = typer.Option(False, "--json", help="Print {prompt, text} as JSON."),
+    raw: bool = typer.Option(False, "--raw", help="A fine-tuned chat run: continue the prompt as plain text "
+                             "instead of answering it through the chat template."),
 ) -> None:
-    """Continue a prompt with a trained language model (KV cache for the built-in gpt)."""
+    """Continue a prompt with a trained language model (KV cache for the built-in gpt). A run fine-tuned on
+    instruction data answers the prompt as a user turn, rendered with its chat template as in training."""
+    from trainwise.evaluate.finetune import reply
+    from trainwise.text.chat_templates import saved_template
     from trainwise.text.generate import Sampling, generate_text
     from trainwise.evaluate.run_model import load_run_model
     from trainwise.runtime.device import resolve_device
@@ -36,22 +41,29 @@ def generate_command(
     target = resolve_device(device)
     loaded = load_run_model(run_dir, device=target, trust_code=trust_code)
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed)
-    text = generate_text(loaded.model, loaded.tokenizer, prompt, sampling, device=target)
-    if as_json:
-        print(json.dumps({"prompt": prompt, "text": text}))
+    template = None if raw else saved_template(loaded.run.tokenizer_dir(), loaded.tokenizer)
+    if template is not None:
+        text = reply(loaded.model, loaded.tokenizer, template, [{"role": "user", "content": prompt}], sampling,
+                     device=target)
     else:
-        console.print(prompt + text, highlight=False, markup=False, soft_wrap=True)
+        text = generate_text(loaded.model, loaded.tokenizer, prompt, sampling, device=target)
+    if as_json:
+        print(json.dumps({"prompt": prompt, "text": text, "chat_template": template.name if template else None}))
+    else:
+        console.print(text if template else prompt + text, highlight=False, markup=False, soft_wrap=True)
 
 
 def export_command(
     run_dir: Path = typer.Argument(..., help="A language-model run directory."),
     to: Path = typer.Option(..., "--to", help="A new (or empty) directory for the Hugging Face model."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
+    merge: bool = typer.Option(False, "--merge", help="A LoRA run: fold the adapter into the base model and write "
+                               "the merged model (the adapter alone is RUN/adapter/, in peft's format)."),
 ) -> None:
     """Write a run's final language model as a Hugging Face directory (config.json, model.safetensors, tokenizer)."""
     from trainwise.evaluate.export import export_run
 
-    result = export_run(run_dir, to, trust_code=trust_code)
+    result = export_run(run_dir, to, trust_code=trust_code, merge=merge)
     console.print(f"exported {result['architecture']} to {result['directory']}; tokenizer {result['tokenizer']}",
                   highlight=False, soft_wrap=True)
     console.print(f"Load it with: transformers.AutoModelForCausalLM.from_pretrained({str(to)!r})", highlight=False,

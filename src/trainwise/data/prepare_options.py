@@ -40,6 +40,10 @@ class PrepareOptions:
     train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
     text_field: str = "text"             # text: the field of a JSONL record holding the document
     seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
+    chat_format: str = "auto"            # instruction data: auto | alpaca | sharegpt | messages
+    template: str | None = None          # instruction data: a built-in chat template; None: the tokenizer's
+    too_long: str = "truncate"           # instruction data: over seq_len, truncate the prompt or drop
+    mask_prompt: bool = True             # instruction data: only the assistant's tokens carry loss
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -58,3 +62,7 @@ class PrepareOptions:
             raise DataError(f"--last-k {self.last_k}: give how many of each user's last events to hold out, 1 or more.")
         if self.max_image_pixels is not None and self.max_image_pixels < 1:
             raise DataError(f"--max-image-pixels {self.max_image_pixels}: give a pixel count, e.g. 200000000.")
+        if self.too_long not in ("truncate", "drop"):
+            raise DataError(f"--too-long {self.too_long!r}: use truncate (cut the prompt's start) or drop.")
+        if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages"):
+            raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt or messages.")

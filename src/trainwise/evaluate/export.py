@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trainwise.errors import ConfigError
+from trainwise.text.chat_templates import saved_template
 from trainwise.text.gpt import GPT
 from trainwise.evaluate.run_model import load_run_model
 from trainwise.text.tokenizer import END_OF_TEXT, BpeTokenizer, ModelTokenizer, Tokenizer
@@ -64,14 +65,17 @@ def as_hugging_face(model: GPT, eos_id: int | None) -> torch.nn.Module:
     return exported.eval()
 
 
-def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False) -> dict[str, Any]:
-    """Write the run's final model (and tokenizer) as a Hugging Face directory at `to` (new or empty)."""
+def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, merge: bool = False) -> dict[str, Any]:
+    """Write the run's final model (and tokenizer) as a Hugging Face directory at `to` (new or empty).
+    `merge`: a LoRA run's adapter folded into its base (peft's merge_and_unload): a plain model, no peft needed."""
     to = Path(to)
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError(f"--to {to}: exists and is not an empty directory; give a new one (nothing is overwritten).")
     loaded = load_run_model(path, trust_code=trust_code)
     model = loaded.model
-    if hasattr(model, "peft_config"):
+    if hasattr(model, "peft_config") and merge:
+        model = model.merge_and_unload()
+    elif hasattr(model, "peft_config"):
         raise ConfigError(f"{path} trained LoRA adapters (model.method={loaded.config.model.method}): export them merged "
                           f"into the base model with `trainwise export {path} --merge --to {to}`.")
     if isinstance(model, GPT):
@@ -80,6 +84,11 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False) ->
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial), safe_serialization=True)
     tokenizer_note = _save_tokenizer(loaded.tokenizer, partial)
+    template = saved_template(loaded.run.tokenizer_dir(), loaded.tokenizer)
+    if getattr(template, "jinja", "") and "saved" in tokenizer_note.split()[0]:
+        # the built-in template the data was rendered with, in the form transformers' apply_chat_template reads
+        (partial / "chat_template.jinja").write_text(template.jinja)
+        tokenizer_note += f", with the {template.name} chat template"
     if to.exists():
         to.rmdir()
     partial.rename(to)

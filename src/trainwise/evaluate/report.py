@@ -109,7 +109,8 @@ def gather(run: RunDir) -> dict[str, Any]:
         "recommender": recsys_section(run),  # None unless a recommender run (evaluate/report_recsys.py)
         # trained from Python on the user's own model: the CLI cannot evaluate it (recipes.refuse_python_run)
         "python_run": python_run_note(config),
-        "language_model": language_model_section(run, records, evaluation, config),  # evaluate/report_lm.py
+        # evaluate/report_lm.py; a fine-tune often holds out only a validation split
+        "language_model": language_model_section(run, records, evaluation or evaluations.get("val"), config),
     }
 
 

@@ -35,6 +35,12 @@ class LanguageModelSection(dict):
 
     def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
         found = []
+        tuned = self.get("finetune")
+        if tuned:
+            found.append((f"Fine-tune: exact match {tuned['exact_match']:.1%} on {tuned['answers']} held-out prompts "
+                          f"(greedy, chat template {tuned['chat_template']}); base and tuned answers",
+                          ["prompt", "reference", "base", "tuned"],
+                          [[r["prompt"], r.get("reference", ""), r["base"], r["tuned"]] for r in tuned["side_by_side"]]))
         if self.get("generations"):
             found.append(("Generations (greedy, fixed prompts: the openings of the test documents)",
                           ["prompt", "continuation"], [[g["prompt"], g["continuation"]] for g in self["generations"]]))
@@ -68,6 +74,6 @@ def language_model_section(run: RunDir, records: list[dict[str, Any]], evaluatio
         section["by_tokens"] = [[r["step"], f"{r['step'] * per_step:,}", f"{r['loss']:.4f}"]
                                 for r in records if r.get("split") == "val" and "loss" in r]
     if evaluation and evaluation.get("task") == "causal_lm":
-        for key in ("generations", "loss_by_position", "top_confusions"):
+        for key in ("generations", "loss_by_position", "top_confusions", "finetune"):
             section[key] = evaluation.get(key) or []
     return section

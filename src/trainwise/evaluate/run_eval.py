@@ -18,11 +18,13 @@ from typing import Any
 
 from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import DataError, RunDirError
+from trainwise.evaluate.finetune import instruction_evaluation
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.weights import Checkpoint, load_weights, weights_used
 from trainwise.rundir.trust import require_trust
+from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 
 SPLITS = ("train", "val", "test")
 
@@ -104,13 +106,16 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
+        load_kept_state(model, state, saved_record(weights))
+    except StateMismatch as e:
         raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
                           f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
     own_evaluation = getattr(dataset, "evaluate_model", None)
     if own_evaluation is not None:  # a recommender's held-out queries rank the whole catalogue, in chunks
         metrics, predictions = own_evaluation(model, device=resolve_device(device))
+        tuned = instruction_evaluation(run, config, model, split, device=resolve_device(device))
+        if tuned:  # a fine-tune on instruction data: exact match on held-out prompts, base vs tuned answers
+            metrics["finetune"] = tuned
     else:
         outputs, targets = predict(model, dataset, device=resolve_device(device))
         task = get_task(bundle.spec.task)

@@ -15,6 +15,7 @@ from torch import nn
 from trainwise.data.bundle import DataSpec
 from trainwise.errors import RunDirError
 from trainwise.rundir import RunDir
+from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 from trainwise.text.tokenizer import Tokenizer, load_tokenizer, recorded_sequence_length
 
 
@@ -47,10 +48,10 @@ def load_run_model(path: str | Path, *, device: str | torch.device = "cpu", trus
     spec = DataSpec(input_shape=(seq_len,), num_classes=tokenizer.vocab_size, task="causal_lm",
                     input_dtype=torch.int64, tokenizer_fingerprint=tokenizer.fingerprint)
     model = build_model(config, spec)
-    state, _, _ = load_weights(run, "final")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
+    state, _, weights = load_weights(run, "final")
+    try:  # a LoRA or freeze run keeps only what trained: it goes onto the rebuilt base
+        load_kept_state(model, state, saved_record(weights))
+    except StateMismatch as error:
         raise RunDirError(f"{run.model_path} does not fit the model built from {run.config_path}: "
                           f"{str(error).splitlines()[0]} Was config.yaml edited after training?") from None
     return RunModel(run, config, model.to(device).eval(), tokenizer, spec)

@@ -23,6 +23,7 @@ from trainwise.errors import ConfigError
 from trainwise.llm.methods import output_head
 
 IGNORE_INDEX = -100
+MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -159,3 +160,19 @@ def chunked_loss_functions(model: nn.Module, chunk_size: int):
     def token_loss(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return chunked_token_loss_sum(hidden, forward.head, labels, chunk_size, forward.softcap)
     return forward, token_loss
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's keys the model is called with (never labels: the loss is computed here)."""
+    return {key: batch[key] for key in MODEL_INPUTS if batch.get(key) is not None}
+
+
+def lm_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_size: int | None = None) -> torch.Tensor:
+    """The summed token loss of one micro-batch; chunked when `chunk_size` is set. (Kept beside
+    chunked_loss_functions while the engine (lmtrain) and the planner (llmplan) converge on one of them.)"""
+    inputs = model_inputs(batch)
+    if chunk_size is None:
+        output = model(**inputs)
+        return token_loss_sum(getattr(output, "logits", output), batch["labels"])
+    hidden_states, head, softcap = hidden_and_head(model)
+    return chunked_token_loss_sum(hidden_states(**inputs), head, batch["labels"], chunk_size, softcap)

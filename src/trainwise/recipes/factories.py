@@ -108,7 +108,7 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
     if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/language_model.py)
         from trainwise.text.language_model import build_language_model
 
-        return build_language_model(model_config, spec)
+        return build_language_model(model_config, spec, seed=config.seed)
     if model_config.factory:
         build = import_factory(model_config.factory, "model.factory")
         kwargs = dict(model_config.args)
@@ -122,6 +122,9 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
         if model_config.gradient_checkpointing and hasattr(model, "gradient_checkpointing"):
             model.gradient_checkpointing = True
         return model
+    if model_config.name is None:
+        raise ConfigError("no model is named: set model.hf=DIR (a local Hugging Face model directory), "
+                          "model.hf_config=NAME|PATH (random initialisation), a built-in model.name, or model.factory.")
     if model_config.name not in BUILTIN_MODELS:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")

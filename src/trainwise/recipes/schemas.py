@@ -226,6 +226,10 @@ def check_builders(config: RunConfig, source: str, overrides: list[str] = ()) ->
     override, else the recipe file (`SOURCE: invalid configuration`)."""
     problems = []
     for kind, section in (("model", config.model), ("data", config.data)):
+        if kind == "model" and (section.hf or section.hf_config or (section.name is None and not section.factory)):
+            # a Hugging Face model (model.name and args unused), or one still to be named (sft-lora's model.hf):
+            # building says what to set
+            continue
         unknown = unknown_builtin(kind, section.name, section.factory)
         if unknown:
             problems.append(f"{kind}.name: {unknown}")

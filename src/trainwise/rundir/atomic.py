@@ -181,6 +181,32 @@ class _HashingFile:
         return self._hash.hexdigest() if self._hash is not None else ""
 
 
+def atomic_write_directory(target: str | os.PathLike, write: Callable[[Path], Any]) -> list[Written]:
+    """Call `write(tmp)` on a fresh directory beside `target`, sync its files, then put it at `target` in one
+    rename (an existing `target` is moved aside first and removed after). What was written, by final path."""
+    target = Path(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write(tmp)
+        written = []
+        for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            with open(file, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+                os.fsync(f.fileno())
+            written.append(Written(target / file.relative_to(tmp), digest, file.stat().st_size))
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+        _fsync_dir(target.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return written
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, lambda f: f.write(data))
 

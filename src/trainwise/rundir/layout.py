@@ -31,12 +31,12 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainwise.errors import RunDirError, RunDirWarning
-from trainwise.rundir import checkpoint_files
+from trainwise.rundir import adapter as run_adapter, checkpoint_files
 from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
 from trainwise.rundir.atomic import atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.rundir.checkpoint_dirs import CheckpointDirs, numbered
@@ -103,9 +103,9 @@ class RunDir:
         """The top-level names a run directory may hold: what --overwrite may replace."""
         run = RunDir(".")
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
-                 run.model_path, run.summary_path, run.eval_dir, run.report_path("html"), run.report_path("md"),
-                 run.tensorboard_dir(), *run.lr_find_paths, run.error_log_path, run.lock_path, run.checksums_path,
-                 run.tokenizer_dir()]
+                 run.model_path, run.path / run_adapter.ADAPTER_DIR, run.summary_path, run.eval_dir, run.lock_path,
+                 run.report_path("html"), run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths,
+                 run.error_log_path, run.checksums_path, run.tokenizer_dir()]
         return frozenset(path.name for path in paths)
 
     @classmethod

@@ -34,6 +34,10 @@ def text_bundle(path: str | Path, manifest: dict[str, Any] | None = None, *, seq
     """The packed train/val/test splits of a prepared text dataset."""
     path = Path(path)
     manifest = manifest or read_manifest(path)
+    instruct = manifest.get("instruct")
+    if instruct:  # instruction samples stay whole in a pack: a prompt is never cut from its answer
+        split_documents = False
+        seq_len = seq_len or int(instruct["seq_len"])
     seq_len = seq_len or int(manifest.get("lengths", {}).get("suggested_seq_len") or 256)
     if not 2 <= seq_len <= MAX_CONTEXT:
         raise ConfigError(f"data.seq_len {seq_len}: a training sequence holds 2 to {MAX_CONTEXT:,} tokens.")

@@ -22,9 +22,15 @@ def is_language_model_config(model_config: Any) -> bool:
     return bool(model_config.hf or model_config.hf_config)
 
 
-def build_language_model(model_config: Any, spec: DataSpec) -> nn.Module:
+def build_language_model(model_config: Any, spec: DataSpec, seed: int = 0) -> nn.Module:
     """A Hugging Face causal LM for this data: model.hf loaded, or model.hf_config initialised at random
-    with the data's vocabulary and context; then model.method, dtype and checkpointing."""
+    with the data's vocabulary and context; then model.method, dtype and checkpointing.
+
+    The random base is drawn from `seed` apart from the global RNG: every rebuild (resume, evaluation,
+    export, generation) gets the same base, which LoRA and freeze runs need, since their checkpoints keep only
+    what trains (runtime/model_state.py)."""
+    import torch
+
     from trainwise.llm.hf import build_model, load_pretrained, resolve_config
     from trainwise.llm.methods import apply_model_config
 
@@ -44,8 +50,11 @@ def build_language_model(model_config: Any, spec: DataSpec) -> nn.Module:
         for key in ("n_positions", "max_position_embeddings"):
             if key in fields and spec.input_shape and fields[key] < spec.input_shape[0]:
                 overrides[key] = spec.input_shape[0]
-        model = build_model(resolve_config(model_config.hf_config, **overrides), device="cpu",
-                            dtype=_dtype(model_config))
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            model = build_model(resolve_config(model_config.hf_config, **overrides), device="cpu",
+                                dtype=_dtype(model_config))
     model.register_forward_pre_hook(_packed_documents_mask, with_kwargs=True)
     return apply_model_config(model, model_config)
 

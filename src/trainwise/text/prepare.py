@@ -37,7 +37,17 @@ def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions 
     options = options or PrepareOptions()
     if options.kind not in ("auto", "text"):
         raise DataError(f"--kind {options.kind}: this source is prepared as text.")
-    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text, **kwargs)
+    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat, **kwargs)
+
+
+def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
+    """Instruction data (alpaca / sharegpt / messages JSONL, detected or named with --format: text/
+    instruct_prepare.py) or raw text."""
+    from trainwise.text.instruct_prepare import looks_like_chat, prepare_chat
+
+    if options.chat_format != "auto" or looks_like_chat(source):
+        return prepare_chat(to, source, options)
+    return prepare_text(to, source, options)
 
 
 def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from trainwise.config.diff import config_record
-from trainwise.errors import DamagedFileError
+from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, read_checkpoint_header  # noqa: F401
 from trainwise.rundir.integrity import CheckpointChoice
+from trainwise.runtime.model_state import StateMismatch, kept_state, load_kept_state, save_record
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -87,7 +88,9 @@ class Checkpointer:
         the model and optimizer, which a sharded checkpoint stores apart."""
         from trainwise.train.distributed import gather_objects
 
-        weights = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()} if tensors else {}
+        # a frozen base (LoRA, freeze) is rebuilt from its source on resume: only what trains is kept
+        weights = ({"model": kept_state(self.model), **save_record(self.model),
+                    "optimizer": self.optimizer.state_dict()} if tensors else {})
         state = self.state
         return {
             **weights,
@@ -106,7 +109,7 @@ class Checkpointer:
 
     def restore(self, saved: dict[str, Any]) -> None:
         if "model" in saved:  # a sharded checkpoint's tensors are already loaded
-            self.model.load_state_dict(saved["model"])
+            self._load_model(saved)
             self.optimizer.load_state_dict(saved["optimizer"])
         # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
         scheduler = saved["scheduler"]
@@ -167,7 +170,7 @@ class Checkpointer:
         except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
             self.run_dir.log_event("best_damaged", str(damage), severity="warning", step=self.state.step)
             return False
-        self.model.load_state_dict(read_checkpoint(best)["model"])
+        self._load_model(read_checkpoint(best))
         return True
 
     def final_weights(self) -> dict[str, torch.Tensor]:
@@ -176,7 +179,24 @@ class Checkpointer:
             from trainwise.train import sharded_checkpoint
 
             return sharded_checkpoint.full_model_state(self.model, sharded=torch.distributed.is_initialized())
-        return self.model.state_dict()
+        return kept_state(self.model)
+
+    def write_final(self, *, weights_step: int | None, restored: bool) -> None:
+        """model.safetensors (only what trains, on a frozen base) and, for a LoRA run, RUN/adapter/ in peft's
+        format (rank 0)."""
+        from trainwise.train.adapters import save_adapter
+
+        record = {} if self._sharded else save_record(self.model)
+        self.run_dir.write_model(self.final_weights(), {"step": str(weights_step), "run_steps": str(self.state.step),
+                                                        "restored_best": str(restored), **record})
+        if self.ranks.is_main:
+            save_adapter(self.model, self.run_dir)
+
+    def _load_model(self, saved: dict[str, Any]) -> None:
+        try:
+            load_kept_state(self.model, saved["model"], saved)
+        except StateMismatch as mismatch:
+            raise RunDirError(f"the checkpoint does not fit the model built from the run's config: {mismatch}") from None
 
 
 def latest_checkpoint(run_dir: "RunDir", sharded: bool) -> CheckpointChoice:

@@ -389,8 +389,7 @@ class Trainer:
         message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
-        self.run_dir.write_model(self.checkpointer.final_weights(), {"step": str(weights_step), "run_steps": str(self.step),
-                                                            "restored_best": str(restored)})
+        self.checkpointer.write_final(weights_step=weights_step, restored=restored)  # and a LoRA run's adapter
         return self._write_summary("completed", started, message=message, restored_best=restored)
 
     def _write_summary(self, status: str, started: float, message: str | None = None,

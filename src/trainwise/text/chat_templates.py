@@ -1,0 +1,229 @@
+"""Chat templates: a conversation as text segments, each saying whether it carries loss.
+
+Two kinds, one interface (`segments`, `prompt`, `stop_text`):
+- the tokenizer's own Jinja template (a model directory's `chat_template`), rendered by transformers. The
+  assistant's text is found by rendering the conversation up to each answer twice, with and without the answer:
+  the difference is the answer as the template writes it (end-of-turn marker included, so the model learns to stop);
+- a few built-ins for tokenizers without one: `chatml`, `llama3`, `plain` (alpaca-style "### Instruction:").
+
+Training and generation share the segmentation: a prompt is encoded exactly as the prompt part of a training
+sample was, so the model sees at `trainwise generate` what it learned on.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from trainwise.errors import DataError
+
+Messages = Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    trains: bool  # True: the assistant's answer (loss); False: prompt, system, template markup (-100)
+    end_of_answer: bool = False  # the template ends an answer with the tokenizer's EOS id, appended after encoding
+
+
+class ChatTemplate(Protocol):
+    name: str
+
+    def segments(self, messages: Messages) -> list[Segment]: ...
+
+    def prompt(self, messages: Messages) -> str: ...
+
+    @property
+    def stop_text(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class BuiltinTemplate:
+    """A template written as format strings: a turn is `turn.format(role=, content=)`; the answer is
+    `answer_open` + content + `answer_close` (with the tokenizer's EOS after it when `close_with_eos`)."""
+
+    name: str
+    turn: str
+    answer_open: str
+    answer_close: str
+    begin: str = ""
+    system_turn: str | None = None
+    user_turn: str | None = None
+    close_with_eos: bool = False
+    jinja: str = ""  # the same template in Hugging Face's Jinja form, written into exported tokenizers
+
+    def _render_prompt_turn(self, message: dict[str, str]) -> str:
+        pattern = {"system": self.system_turn, "user": self.user_turn}.get(message["role"]) or self.turn
+        return pattern.format(role=message["role"], content=message["content"])
+
+    def segments(self, messages: Messages) -> list[Segment]:
+        out, pending = [], self.begin
+        for message in messages:
+            if message["role"] == "assistant":
+                out.append(Segment(pending + self.answer_open, trains=False))
+                out.append(Segment(message["content"] + self.answer_close, trains=True,
+                                   end_of_answer=self.close_with_eos))
+                pending = ""
+            else:
+                pending += self._render_prompt_turn(message)
+        if pending:
+            out.append(Segment(pending, trains=False))
+        return out
+
+    def prompt(self, messages: Messages) -> str:
+        """The text the model continues to answer the last user turn (what generation encodes)."""
+        return "".join(s.text for s in self.segments(messages)) + self.answer_open
+
+    @property
+    def stop_text(self) -> str | None:
+        return self.answer_close.strip() or None
+
+
+BUILTIN_TEMPLATES = {
+    "chatml": BuiltinTemplate(
+        name="chatml", turn="<|im_start|>{role}\n{content}<|im_end|>\n",
+        answer_open="<|im_start|>assistant\n", answer_close="<|im_end|>\n",
+        jinja="{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    "llama3": BuiltinTemplate(
+        name="llama3", begin="<|begin_of_text|>",
+        turn="<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
+        answer_open="<|start_header_id|>assistant<|end_header_id|>\n\n", answer_close="<|eot_id|>",
+        jinja="<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+              "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "plain": BuiltinTemplate(
+        name="plain", turn="{content}\n\n", user_turn="### Instruction:\n{content}\n\n",
+        answer_open="### Response:\n", answer_close="\n\n", close_with_eos=True,
+        jinja="{% for m in messages %}{% if m['role'] == 'user' %}### Instruction:\n{{ m['content'] }}\n\n"
+              "{% elif m['role'] == 'assistant' %}### Response:\n{{ m['content'] }}\n\n{{ eos_token }}"
+              "{% else %}{{ m['content'] }}\n\n{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}### Response:\n{% endif %}"),
+}
+
+
+class JinjaTemplate:
+    """The tokenizer's own chat template (Hugging Face Jinja), rendered with transformers."""
+
+    name = "tokenizer"
+
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None):
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+
+    def _render(self, messages: Messages, add_generation_prompt: bool) -> str:
+        return render_jinja(self.source, list(messages), add_generation_prompt, self.special_tokens)
+
+    def segments(self, messages: Messages) -> list[Segment]:
+        out, done = [], ""
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], add_generation_prompt=True)
+            after = self._render(messages[: i + 1], add_generation_prompt=False)
+            if not before.startswith(done) or not after.startswith(before):
+                raise DataError(
+                    f"the tokenizer's chat template does not render turn {i + 1} as an extension of the turns "
+                    "before it (it rewrites earlier text), so the answer's tokens cannot be told apart. Use "
+                    "--template chatml (or llama3, plain) instead.")
+            out.append(Segment(before[len(done):], trains=False))
+            out.append(Segment(after[len(before):], trains=True))
+            done = after
+        rest = self._render(messages, add_generation_prompt=False)[len(done):]
+        if rest:
+            out.append(Segment(rest, trains=False))
+        return out
+
+    def prompt(self, messages: Messages) -> str:
+        return self._render(messages, add_generation_prompt=True)
+
+    @property
+    def stop_text(self) -> str | None:
+        """What the template writes right after an answer (`<|im_end|>`, `<|eot_id|>`): found by rendering a
+        sentinel answer; the tokenizer's end-of-text when the template writes nothing there."""
+        sentinel = "\x00answer\x00"
+        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": sentinel}],
+                                add_generation_prompt=False)
+        after = rendered.split(sentinel, 1)[1].strip() if sentinel in rendered else ""
+        return after or self.special_tokens.get("eos_token")
+
+
+CHOICE_FILE = "trainwise_chat_template.json"  # beside a saved tokenizer: the template its data was rendered with
+
+
+def template_record(template: ChatTemplate) -> dict[str, Any]:
+    """What a manifest and a run keep, so prompts are rendered later exactly as the training data was."""
+    if isinstance(template, JinjaTemplate):
+        return {"name": "tokenizer", "special_tokens": template.special_tokens}
+    return {"name": template.name}
+
+
+def save_template_choice(directory: Path, template: ChatTemplate) -> None:
+    from trainwise.rundir.atomic import atomic_write_json
+
+    atomic_write_json(Path(directory) / CHOICE_FILE, template_record(template))
+
+
+def saved_template(directory: Path, tokenizer: Any) -> ChatTemplate | None:
+    """The chat template recorded beside a tokenizer (an instruction dataset's, or a run's copy); None when
+    the tokenizer's data was plain text."""
+    path = Path(directory) / CHOICE_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("name") in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[record["name"]]
+    return choose_template(None, tokenizer)
+
+
+def template_names() -> list[str]:
+    return sorted(BUILTIN_TEMPLATES)
+
+
+def choose_template(name: str | None, tokenizer: Any) -> ChatTemplate:
+    """`--template NAME` (a built-in), or the tokenizer's own template; neither is an error saying the fix."""
+    if name:
+        if name in ("tokenizer", "auto"):
+            name = None
+        elif name not in BUILTIN_TEMPLATES:
+            raise DataError(f"no built-in chat template {name!r}; choose one of {', '.join(template_names())} "
+                            "(or leave --template out to use the tokenizer's own).")
+        else:
+            return BUILTIN_TEMPLATES[name]
+    source = getattr(tokenizer, "chat_template", None)
+    if not source:
+        raise DataError(
+            "the tokenizer has no chat template, so trainwise cannot know how this model expects a conversation "
+            f"to be written. Add --template NAME with one of {', '.join(template_names())} (chatml suits a model "
+            "you train from scratch), or use a model directory whose tokenizer_config.json has a chat_template.")
+    return JinjaTemplate(source, special_token_strings(tokenizer))
+
+
+def special_token_strings(tokenizer: Any) -> dict[str, str]:
+    """bos/eos strings for a Jinja template's `{{ bos_token }}`, from whatever the tokenizer exposes."""
+    out = {}
+    backend = getattr(tokenizer, "backend", None)  # a model directory's transformers tokenizer
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tokenizer, key, None) or getattr(backend, key, None)
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def render_jinja(source: str, messages: list[dict[str, str]], add_generation_prompt: bool,
+                 special_tokens: dict[str, str]) -> str:
+    """One conversation through a Hugging Face Jinja chat template (transformers' sandboxed renderer)."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        raise DataError("rendering the tokenizer's chat template needs transformers: "
+                        "pip install 'trainwise[llm]' (or use --template chatml, which needs nothing).") from None
+    try:
+        rendered, _ = render_jinja_template([messages], chat_template=source,
+                                            add_generation_prompt=add_generation_prompt, **special_tokens)
+    except Exception as e:  # a template's own raise_exception() (e.g. "roles must alternate") or a syntax error
+        raise DataError(f"the tokenizer's chat template failed on this conversation: {e}. "
+                        "Fix the data, or use --template chatml.") from None
+    return rendered[0]
