@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
-from trainwise.train.launch import Launch, inside_a_launch, launch
+from trainwise.train.launch import Launch, check_before_launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -101,6 +101,7 @@ def train(
 
     config = load_recipe(recipe, overrides or [])
     if nproc is not None and not inside_a_launch():
+        check_before_launch(config, nproc * nnodes, out, overwrite=overwrite)  # said once, before any rank
         extra = _planned_strategy(config, nproc * nnodes)
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
         raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
@@ -139,6 +140,9 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     from trainwise.train.run import resume_run
 
     if nproc is not None and not inside_a_launch():
+        from trainwise.run import RunDir
+
+        check_before_launch(RunDir.open(run_dir).read_config(), nproc)
         command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
             ["--allow-config-change"] if allow_config_change else [])
         raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
@@ -211,9 +215,19 @@ def _exit_code_of_the_run(path: Path) -> Iterator[None]:
         raise typer.Exit(EXIT_ABORTED) from None
 
 
+def _speaks_for_the_job() -> bool:
+    """One process of a torchrun job prints its outcome and its bad-input errors: rank 0 (or a plain process)."""
+    if not inside_a_launch():
+        return True
+    from trainwise.train.distributed import launched_ranks
+
+    return launched_ranks().is_main
+
+
 def _finish(summary: dict, path: Path) -> None:
-    """Print the outcome; a run stopped by a signal exits 75, not 0."""
-    _print_outcome(summary, path)
+    """Print the outcome (rank 0 of a job: the others would repeat it); a run stopped by a signal exits 75."""
+    if _speaks_for_the_job():
+        _print_outcome(summary, path)
     if summary.get("status") == "stopped":
         raise typer.Exit(EXIT_STOPPED)
 
@@ -266,8 +280,9 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:
-        message = Text("error: ", style="bold red") + Text(str(error))
-        Console(stderr=True, soft_wrap=True).print(message, highlight=False)
+        if error.exit_code != 2 or _speaks_for_the_job():  # bad input is the same on every rank: said once
+            message = Text("error: ", style="bold red") + Text(str(error))
+            Console(stderr=True, soft_wrap=True).print(message, highlight=False)
         sys.exit(error.exit_code)
     except typer.Abort:
         sys.exit(130)

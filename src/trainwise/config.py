@@ -174,6 +174,34 @@ class TrainConfig(Section):
     def accumulation_steps(self) -> int:
         return self.batch_size // self.micro_batch
 
+    def micro_batch_for(self, ranks: int) -> int:
+        """Samples per forward on each of `ranks` ranks: the micro-batch set, or when none is set (or `auto`
+        is not resolved yet) the global batch split over the ranks. Every rank takes the same share of each
+        optimizer step, so a batch the ranks cannot share evenly is refused (ConfigError) with the sizes
+        that work."""
+        if ranks <= 1:
+            return self.micro_batch
+        if self.batch_size % ranks:
+            lower, higher = self.batch_size - self.batch_size % ranks, self.batch_size + ranks - self.batch_size % ranks
+            near = f"{lower} or {higher}" if lower else f"{higher}"
+            raise ConfigError(f"train.batch_size ({self.batch_size}) cannot be split evenly over {ranks} ranks (each "
+                              f"rank takes the same share of every optimizer step); use train.batch_size={near}, "
+                              f"or another multiple of {ranks}.")
+        share = self.batch_size // ranks
+        if not isinstance(self.micro_batch_size, int):
+            return share
+        if share % self.micro_batch_size:
+            fits = _largest_divisor_at_most(share, self.micro_batch_size)
+            raise ConfigError(f"train.micro_batch_size ({self.micro_batch_size}) does not divide each rank's share "
+                              f"of the batch (train.batch_size {self.batch_size} / {ranks} ranks = {share}): use "
+                              f"train.micro_batch_size={fits}, or leave it unset (each rank then takes its whole "
+                              "share at once).")
+        return self.micro_batch_size
+
+    def accumulation_steps_for(self, ranks: int) -> int:
+        """Micro-batches each rank accumulates per optimizer step on `ranks` ranks."""
+        return self.batch_size // (self.micro_batch_for(ranks) * max(ranks, 1))
+
     def steps_per_epoch(self, num_train: int) -> int:
         """Optimizer steps in one pass over `num_train` samples. The last partial batch is dropped (every step
         sees `batch_size` samples), so this rounds down: the trainer runs this many and the plan prices them."""

@@ -55,7 +55,7 @@ def print_report(report, console: Console) -> None:
     job, advice = data["job"], report.advice
     cuda = data["memory"]["cuda"]
     console.print(f"[bold]{job['parameters']:,}[/] parameters, batch {job['batch_size']} "
-                  f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}), "
+                  f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}{_per_rank(job)}), "
                   f"{job['total_steps']:,} steps ({job['steps_per_epoch']} per epoch), {job['precision_planned']}, "
                   f"{job['optimizer']}; {_flops(data['flops_per_optimizer_step'])} per step.")
     parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}" for name, value in cuda["breakdown_bytes"].items())
@@ -165,6 +165,10 @@ def _money(value: float | None) -> str:
     if 0 < value < 0.01:
         return "<0.01"
     return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"
+
+
+def _per_rank(job: dict) -> str:
+    return f" on each of {job['ranks']} ranks" if job.get("ranks", 1) > 1 else ""
 
 
 def _print_strategies(plans, console: Console) -> None:

@@ -52,7 +52,7 @@ class PlanReport:
                             "traced": {t.micro_batch_size: t.peak_bytes for t in model.traces}}
         return {
             "job": {"batch_size": job.batch_size, "micro_batch_size": job.step.micro_batch_size,
-                    "accumulation_steps": job.step.accumulation_steps, "total_steps": job.total_steps,
+                    "accumulation_steps": job.step.accumulation_steps, "ranks": job.ranks, "total_steps": job.total_steps,
                     "steps_per_epoch": job.steps_per_epoch, "num_train": job.num_train,
                     "precision_requested": job.precision_requested, "precision_planned": job.step.precision,
                     "optimizer": job.step.optimizer, "parameters": est.parameter_count,
@@ -89,7 +89,7 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     if request.max_gpus < 1:
         raise ConfigError("--gpus-per-node must be at least 1.")
 
-    job = job_from_config(config)
+    job = job_from_config(config, ranks=request.nproc or 1)  # micro-batch per rank, as `train --nproc` runs it
     estimate = estimate_job(job)
     machine = read_machine().to_dict()
     notes = list(job.notes)

@@ -7,7 +7,8 @@ global batch of one optimizer step; each rank feeds `micro_batch_size` samples p
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +60,25 @@ def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Rank
         torch.cuda.set_device(ranks.local_rank)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
     return ranks
+
+
+@contextmanager
+def leaving_the_job() -> Iterator[None]:
+    """Around everything a rank does in the job: on the way out it leaves the process group itself, after its
+    last collective. A run that ended (completed, or stopped on the same step everywhere) first waits for every
+    rank, rank 0's final writes included, so no rank tears the group down under a peer still in a collective;
+    a failing rank only leaves (its peers may be gone). Left to the interpreter's exit, the group's Gloo
+    threads met a half-finalised Python: SIGABRT ("terminate called without an active exception") after a
+    completed run, and the job failed."""
+    try:
+        yield
+    except BaseException:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:

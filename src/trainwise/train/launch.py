@@ -7,10 +7,16 @@ Each rank runs the same `trainwise` command without the launch options, with tor
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainwise.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:
+    from trainwise.config import RunConfig
 
 STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a signal, checkpointed, resumable
 
@@ -43,12 +49,28 @@ def inside_a_launch() -> bool:
     return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def check_before_launch(config: "RunConfig", ranks: int, out: Path | None = None, *, overwrite: bool = False) -> None:
+    """What the launcher can refuse before any rank starts (a ConfigError or RunDirError, said once): a batch
+    the ranks cannot share, a strategy that does not fit the job, an `--out` that holds files."""
+    from trainwise.train.distributed import Ranks, resolve_strategy
+
+    config.train.micro_batch_for(ranks)
+    resolve_strategy(config.train.strategy, Ranks(world_size=ranks))
+    if out is not None:
+        from trainwise.run import RunDir
+
+        RunDir.refuse_existing(out, overwrite=overwrite)
+
+
 def launch(command: list[str], plan: Launch) -> int:
     """Run `trainwise COMMAND` on `plan.nproc` ranks per node; the exit code the job should end with."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
+    # the agent's own log ("Sending process … closing signal SIGTERM", "failed (exitcode: 2)") repeats what the
+    # ranks said or what the TrainingError below says in words: quiet in this process, which only runs the agent
+    logging.disable(logging.ERROR)
     try:
         run(get_args_parser().parse_args(plan.torchrun_args(command)))
     except ChildFailedError as failed:
@@ -62,4 +84,6 @@ def launch(command: list[str], plan: Launch) -> int:
         died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in sorted(codes.items()))
         raise TrainingError(f"{died} of the {plan.nproc}-rank job failed; rank {first} first. Its error is above; "
                             "the run directory's error.log and summary.json hold rank 0's view.") from None
+    finally:
+        logging.disable(logging.NOTSET)
     return 0

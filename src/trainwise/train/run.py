@@ -22,7 +22,7 @@ from trainwise.run_trust import require_trust
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
-from trainwise.train.distributed import launched_ranks
+from trainwise.train.distributed import launched_ranks, leaving_the_job
 from trainwise.train.trainer import Trainer
 
 
@@ -65,17 +65,18 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
     if main:
         RunDir.refuse_existing(run.path, overwrite=overwrite)  # fail fast, before any work
     auto = None
-    if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
-        config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
-    trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
-    if main:
-        run.initialise(overwrite=overwrite)  # first: an --out that cannot be written is the error to show
-        warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
-        if warning:
-            warnings.warn(warning, RunDirWarning, stacklevel=2)
-        if auto is not None:
-            run.log_event(**auto.event(), step=0)
-    trainer.fit()
+    with leaving_the_job():
+        if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
+            config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
+        trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
+        if main:
+            run.initialise(overwrite=overwrite)  # first: an --out that cannot be written is the error to show
+            warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
+            if warning:
+                warnings.warn(warning, RunDirWarning, stacklevel=2)
+            if auto is not None:
+                run.log_event(**auto.event(), step=0)
+        trainer.fit()
     return trainer.run_dir
 
 
@@ -97,8 +98,8 @@ def resume_run(path: str | Path, callbacks: Sequence[Callback] = (), *, trust_co
     # no checkpoint to trust at all, or another config than it was trained with: say so before building anything
     choice = latest_checkpoint(run, sharded=sharded)
     check_config_unchanged(run, config, choice, sharded=sharded, allow_change=allow_config_change)
-    trainer = build_trainer(config, run, callbacks)
-    trainer.fit(resume=True)
+    with leaving_the_job():
+        build_trainer(config, run, callbacks).fit(resume=True)
     return run
 
 

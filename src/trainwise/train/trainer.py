@@ -28,7 +28,7 @@ from trainwise.config import RunConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
-from trainwise.errors import ConfigError, RunDirWarning, TrainingError
+from trainwise.errors import RunDirWarning, TrainingError
 from trainwise.run import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
@@ -77,12 +77,8 @@ class Trainer:
 
         train = config.train
         train.refuse_unresolved_auto()
-        self.micro_batch_size = train.micro_batch
-        per_step = self.micro_batch_size * self.ranks.world_size
-        if train.batch_size % per_step:
-            raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of micro_batch_size "
-                              f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
-        self.accumulation_steps = train.batch_size // per_step
+        self.micro_batch_size = train.micro_batch_for(self.ranks.world_size)  # unset: the batch split over ranks
+        self.accumulation_steps = train.accumulation_steps_for(self.ranks.world_size)
         self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
         self.max_steps = train.total_steps(len(train_data))  # type: ignore[arg-type]
         self.step = 0                 # optimizer steps done
