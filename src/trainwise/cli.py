@@ -101,10 +101,12 @@ def train(
 
     config = load_recipe(recipe, overrides or [])
     if nproc is not None and not inside_a_launch():
-        check_before_launch(config, nproc * nnodes, out, overwrite=overwrite)  # said once, before any rank
-        extra = _planned_strategy(config, nproc * nnodes)
+        plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)
+        plan.check()
+        check_before_launch(config, plan.ranks, out, overwrite=overwrite)  # said once, before any rank starts
+        extra = _planned_strategy(config, plan.ranks)
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
-        raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
+        raise typer.Exit(launch(command, plan))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch)
     _finish(run.read_summary(), run.path)

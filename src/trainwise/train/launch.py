@@ -29,10 +29,18 @@ class Launch:
     rdzv_endpoint: str | None = None
     run_id: str = "trainwise"
 
-    def torchrun_args(self, command: list[str]) -> list[str]:
+    @property
+    def ranks(self) -> int:
+        return self.nproc * self.nnodes
+
+    def check(self) -> None:
+        """The launch options among themselves (ConfigError)."""
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node "
                               "that every node can reach), given to the same command on every node.")
+
+    def torchrun_args(self, command: list[str]) -> list[str]:
+        self.check()
         args = ["--nproc-per-node", str(self.nproc)]
         if self.rdzv_endpoint:
             args += ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
