@@ -64,18 +64,14 @@ def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Rank
 
 @contextmanager
 def leaving_the_job() -> Iterator[None]:
-    """Around everything a rank does in the job: on the way out it leaves the process group itself, after its
-    last collective. A run that ended (completed, or stopped on the same step everywhere) first waits for every
-    rank, rank 0's final writes included, so no rank tears the group down under a peer still in a collective;
-    a failing rank only leaves (its peers may be gone). Left to the interpreter's exit, the group's Gloo
-    threads met a half-finalised Python: SIGABRT ("terminate called without an active exception") after a
-    completed run, and the job failed."""
-    try:
-        yield
-    except BaseException:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        raise
+    """Around everything a rank does in the job: a run that ended (completed, or stopped on the same step
+    everywhere) leaves the process group after its last collective, once every rank got there (rank 0's final
+    writes included), so no rank tears the group down under a peer still in one. Left to the interpreter's
+    exit, Gloo's worker threads still held finished work whose tensors reference Python objects, freed while
+    Python was torn down: SIGABRT ("terminate called without an active exception") after a completed run, and
+    the job failed. A failing rank leaves the group as it is: its peers may be gone or mid-collective, where a
+    shutdown (NCCL's abort above all) can hang instead of exiting."""
+    yield
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
