@@ -1,8 +1,9 @@
 """Many GPUs through torchrun: one process per device, DDP or FSDP2 (`train.strategy`), one writer.
 
 `torchrun --nproc_per_node=N -m trainwise train RECIPE --out RUN` runs N ranks. `train.batch_size` stays the
-global batch of one optimizer step; each rank feeds `micro_batch_size` samples per forward and accumulates
-`batch_size / (micro_batch_size × N)` micro-batches. Only rank 0 writes the run directory.
+global batch of one optimizer step; each rank feeds `micro_batch_size` samples per forward (unset: its share,
+`batch_size / N`) and accumulates `batch_size / (micro_batch_size × N)` micro-batches. Only rank 0 writes the
+run directory and prints the outcome.
 """
 from __future__ import annotations
 
