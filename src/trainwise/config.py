@@ -127,7 +127,8 @@ class TrainConfig(Section):
     batch_size: int = Field(32, gt=0, description="Effective batch: samples per optimizer step.")
     micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
         None, description="Samples per forward/backward on each rank; batch_size / (micro_batch_size × ranks) "
-        "micro-batches are accumulated. Default: the batch split over the ranks (batch_size in one process). `auto`: when the run starts, the largest divisor of the per-rank batch "
+        "micro-batches are accumulated. Default: the batch split over the ranks (batch_size in one process). "
+        "`auto`: when the run starts, the largest divisor of the per-rank batch "
         "whose planned peak memory (`trainwise plan`'s trace of the step) fits the memory free on the device less "
         "a safety margin; the choice and its numbers are an event, config.yaml records the number.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 where the "

@@ -52,7 +52,8 @@ class PlanReport:
                             "traced": {t.micro_batch_size: t.peak_bytes for t in model.traces}}
         return {
             "job": {"batch_size": job.batch_size, "micro_batch_size": job.step.micro_batch_size,
-                    "accumulation_steps": job.step.accumulation_steps, "ranks": job.ranks, "total_steps": job.total_steps,
+                    "accumulation_steps": job.step.accumulation_steps, "ranks": job.ranks,
+                    "total_steps": job.total_steps,
                     "steps_per_epoch": job.steps_per_epoch, "num_train": job.num_train,
                     "precision_requested": job.precision_requested, "precision_planned": job.step.precision,
                     "optimizer": job.step.optimizer, "parameters": est.parameter_count,
