@@ -132,8 +132,8 @@ def sequential_memmap(directory: Path, batch_size: int, normalise: Normalise | N
 def trainer_loader(prepared: Path, run: Path, batch_size: int, workers: str = "auto"):
     """The loader the Trainer builds for the image-folder recipe on `prepared`, as `epoch(n) -> loader`."""
     from trainwise.recipes import load_recipe
-    from trainwise.run import RunDir
-    from trainwise.train.run import build_trainer
+    from trainwise.rundir.layout import RunDir
+    from trainwise.launch.runs import build_trainer
 
     config = load_recipe("image-folder", [f"data.path={prepared}", f"train.batch_size={batch_size}",
                                           "train.device=cpu", f"data.num_workers={workers}",

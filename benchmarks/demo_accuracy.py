@@ -14,7 +14,7 @@ from common import write_result  # noqa: E402
 
 from trainwise.evaluate.run_eval import evaluate_run  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
-from trainwise.train.run import train_run  # noqa: E402
+from trainwise.launch.runs import train_run  # noqa: E402
 
 
 def main() -> None:

@@ -25,10 +25,10 @@ from common import write_result  # noqa: E402
 
 from trainwise import ArrayDataset, DataSpec, RunDir, Trainer, TrainwiseError  # noqa: E402
 from trainwise.diagnose.run_rules import diagnose_run  # noqa: E402
-from trainwise.diagnose.sanity import sanity_check  # noqa: E402
+from trainwise.check.sanity import sanity_check  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data  # noqa: E402
-from trainwise.train.run import build_trainer  # noqa: E402
+from trainwise.launch.runs import build_trainer  # noqa: E402
 
 QUIET = ["telemetry.enabled=false", "train.device=cpu", "eval.early_stopping.enabled=false"]
 

@@ -35,10 +35,11 @@ from common import write_result  # noqa: E402
 
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data, build_model  # noqa: E402
-from trainwise.run import RunDir  # noqa: E402
+from trainwise.rundir.layout import RunDir  # noqa: E402
 from trainwise.train.host_syncs import HostSyncCounter  # noqa: E402
 from trainwise.train.optim import parameter_groups  # noqa: E402
-from trainwise.train.run import build_trainer, seed_everything  # noqa: E402
+from trainwise.launch.runs import build_trainer  # noqa: E402
+from trainwise.runtime.seed import seed_everything  # noqa: E402
 from trainwise.train.schedule import lr_factor  # noqa: E402
 
 # early stopping off: every run takes the same 600 steps. Validation at epoch ends off: the recipe also
@@ -211,7 +212,7 @@ def main() -> None:
                   f"{walls['hand_loop'][-1]:.2f} s" + (f", lightning {lightning:.2f} s" if lightning else ""),
                   flush=True)
         syncs = count_host_syncs(config, tmp)
-    from trainwise.diagnose.sanity import sanity_check
+    from trainwise.check.sanity import sanity_check
 
     started = time.perf_counter()
     sanity_check(config)

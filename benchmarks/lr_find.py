@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from trainwise.diagnose.lr_find import lr_find_config  # noqa: E402
+from trainwise.check.lr_find import lr_find_config  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
-from trainwise.run import RunDir  # noqa: E402
-from trainwise.train.run import build_trainer  # noqa: E402
+from trainwise.rundir.layout import RunDir  # noqa: E402
+from trainwise.launch.runs import build_trainer  # noqa: E402
 
 SEEDS = {"digits": (0,), "breast-cancer": (0, 1, 2)}
 GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)

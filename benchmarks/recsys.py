@@ -47,8 +47,8 @@ from trainwise.evaluate.run_eval import evaluate_run  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data  # noqa: E402
 from trainwise.recsys.generator import generate_shop_log  # noqa: E402
-from trainwise.train.precision import resolve_precision  # noqa: E402
-from trainwise.train.run import train_run  # noqa: E402
+from trainwise.runtime.precision import resolve_precision  # noqa: E402
+from trainwise.launch.runs import train_run  # noqa: E402
 
 QUICK_SIZE = ["data.args.users=3000", "data.args.items=1000", "data.args.events=150000", "data.args.categories=20",
               "data.args.max_eval_queries=1000"]

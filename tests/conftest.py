@@ -169,3 +169,11 @@ def stop_at(step: int):
                 trainer.request_stop("signal:test")
 
     return StopAt()
+
+
+def assert_refused(result, *phrases):
+    """A bad input: exit 2, no traceback, and a message that says each of `phrases`."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in result.stderr, f"{phrase!r} not in:\n{result.stderr}"

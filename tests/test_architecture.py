@@ -1,8 +1,9 @@
 """The import directions of ARCHITECTURE.md, checked over the source with `ast`.
 
 Every `import` counts: top-level, inside a function (a lazy import is still a dependency), and under
-TYPE_CHECKING. The CLI layer (cli.py, __main__, demo.py, the package root and each room's commands.py) wires
-the rooms together and may import anything; the rooms below it may not reach up or sideways as listed here.
+TYPE_CHECKING. A room is the first name under `trainwise` (a package such as `train`, or a module such as
+`errors`). Every room is listed in ALLOWED with the rooms it may import; there are no exemptions, and a new
+room fails here until it is given its place.
 """
 from __future__ import annotations
 
@@ -14,25 +15,43 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "trainwise"
 
-# A room is the first name under trainwise: a package (`data`, `train`, ...) or a top-level module. The
-# top-level modules outside the CLI layer (config, errors, run, atomic, ...) are the foundation: everyone
-# imports them and they import no package. For the packages, room -> {forbidden room: why}:
-FORBIDDEN: dict[str, dict[str, str]] = {
-    "data": {room: "data sits below training: the trainer, planner and evaluation read data, not the reverse"
-             for room in ("train", "plan", "evaluate", "telemetry", "cli", "demo")},
-    "telemetry": {room: "telemetry is a service the engine uses; the engine owns its callback"
-                  for room in ("train", "plan", "evaluate", "data", "cli", "demo")},
-    "recipes": {room: "recipes build models and data for the stages above them"
-                for room in ("train", "plan", "evaluate", "cli", "demo")},
-    "train": {room: "the engine does not know who plans or judges it"
-              for room in ("plan", "evaluate", "doctor", "cli", "demo")},
-    "plan": {room: "planning needs no run directory and no evaluation" for room in ("evaluate", "cli", "demo")},
-    "doctor": {room: "doctor checks the machine, not the stages that use it"
-               for room in ("train", "plan", "evaluate", "cli", "demo")},
-    "evaluate": {room: "evaluation reads run directories" for room in ("plan", "doctor", "cli", "demo")},
+FOUNDATIONS = frozenset({"errors", "findings", "config", "rundir"})
+_F = FOUNDATIONS
+# room -> the rooms it may import (besides itself). Imports point down: the face (cli) above the rooms, the
+# rooms above the engine, the engine above runtime/data/recipes, everything above the foundations.
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "findings": frozenset({"errors"}),
+    "config": frozenset({"errors"}),
+    "rundir": frozenset({"config", "errors"}),
+    "data": _F,
+    "runtime": _F | {"data"},
+    "telemetry": _F,
+    "recsys": _F | {"data", "runtime"},
+    "diagnose": _F | {"telemetry"},
+    "recipes": _F | {"data", "recsys"},
+    "train": _F | {"runtime", "data", "recipes", "telemetry", "diagnose"},
+    "check": _F | {"train", "runtime", "data", "recipes", "diagnose"},
+    "plan": _F | {"train", "runtime", "data", "recipes"},
+    "doctor": _F | {"data", "telemetry"},
+    "evaluate": _F | {"runtime", "data", "recipes", "recsys", "diagnose"},
+    "launch": _F | {"check", "train", "runtime", "data", "recipes"},
+    "cli": _F | {"data", "runtime", "telemetry", "recsys", "diagnose", "recipes", "train", "check", "plan",
+                 "doctor", "evaluate", "launch"},
+    "__main__": frozenset({"cli"}),
+    "": _F | {"data", "train"},  # the package root: `from trainwise import Trainer, RunDir, DataSpec`
 }
-# rooms that may use the engine only through `trainwise.train` (its __all__), never its modules
-TRAIN_PUBLIC_API_ONLY = ("evaluate",)
+# the rules a reader of ARCHITECTURE.md looks for, said in words when broken
+NEVER: dict[tuple[str, str], str] = {
+    ("evaluate", "train"): "evaluation reads the run directory (rundir) and runs models through runtime, never the engine",
+    ("diagnose", "train"): "diagnose holds pure rules over what a run recorded; probes that train live in check",
+    ("diagnose", "check"): "diagnose holds pure rules over what a run recorded; probes that train live in check",
+    ("train", "check"): "the probes stand on the engine, not the reverse",
+    ("train", "launch"): "the engine does not know who starts it",
+    ("train", "plan"): "the engine does not know who plans it",
+    ("train", "evaluate"): "the engine does not know who judges it",
+}
+TERMINAL_LIBRARIES = ("typer", "click")  # only the face (cli/) knows the terminal's argument parsing
 
 
 def _module_name(path: Path, src: Path = SRC) -> str:
@@ -67,61 +86,101 @@ def _room(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else ""
 
 
-def _is_cli_layer(module: str) -> bool:
-    return module in ("trainwise", "trainwise.cli", "trainwise.__main__", "trainwise.demo") or \
-        module.endswith(".commands")
-
-
-def _forbidden_for(room: str, src: Path) -> dict[str, str]:
-    if room in FORBIDDEN:
-        return FORBIDDEN[room]
-    if (src / "trainwise" / f"{room}.py").is_file():  # the foundation
-        packages = [p.name for p in (src / "trainwise").iterdir() if (p / "__init__.py").is_file()]
-        return {above: "the foundation (config, errors, run, ...) is imported by everyone and imports no package "
-                "above it" for above in (*packages, "cli", "demo")}
-    return {}
+def _edges(src: Path = SRC) -> list[tuple[str, str, str]]:
+    """(room, imported room, where) for every import of another room."""
+    found = []
+    for path in sorted((src / "trainwise").rglob("*.py")):
+        room = _room(_module_name(path, src))
+        for target, names, line in _imports(path, src):
+            target_room = _room(target)
+            if target_room is None:
+                continue
+            where = f"{path.relative_to(src)}:{line} imports {target}"
+            # `from trainwise import train`: the room named is the target
+            targets = [(name, f"{where}.{name}") for name in names] if target_room == "" and names else \
+                [(target_room, where)]
+            found += [(room, t, w) for t, w in targets if t != room]
+    return found
 
 
 def violations(src: Path = SRC) -> list[str]:
     found = []
-    for path in sorted((src / "trainwise").rglob("*.py")):
-        module = _module_name(path, src)
-        room = _room(module)
-        forbidden = _forbidden_for(room, src)
-        if _is_cli_layer(module) or not forbidden and room not in TRAIN_PUBLIC_API_ONLY:
-            continue
-        for target, names, line in _imports(path, src):
-            target_room = _room(target)
-            if target_room is None or target_room == room:
-                continue
-            where = f"{path.relative_to(src)}:{line} imports {target}"
-            if target_room == "" and names:  # `from trainwise import train`: the room named is the target
-                for name in names:
-                    if name in forbidden:
-                        found.append(f"{where}.{name}: {room} → {name}; {forbidden[name]}")
-                continue
-            if target_room in forbidden:
-                found.append(f"{where}: {room} → {target_room}; {forbidden[target_room]}")
-            elif target_room == "train" and room in TRAIN_PUBLIC_API_ONLY and target != "trainwise.train":
-                found.append(f"{where}: {room} uses train internals; import from `trainwise.train` (its public "
-                             "API) instead")
+    for room, target, where in _edges(src):
+        if room not in ALLOWED:
+            found.append(f"{where}: {room!r} is a room ALLOWED does not list; give it its place in "
+                         "tests/test_architecture.py and ../shared/ARCHITECTURE.md")
+        elif target not in ALLOWED[room]:
+            why = NEVER.get((room, target)) or f"{room} may import only {', '.join(sorted(ALLOWED[room])) or 'nothing'}"
+            found.append(f"{where}: {room} → {target}; {why}")
     return found
 
 
-def test_no_module_imports_against_the_layering():
+def cycles(src: Path = SRC) -> list[list[str]]:
+    """Every room that reaches itself through the imports, with the path it takes."""
+    graph: dict[str, set[str]] = {}
+    for room, target, _ in _edges(src):
+        graph.setdefault(room, set()).add(target)
+    found = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    found.append([*path, start])
+                    stack = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return found
+
+
+def terminal_imports(src: Path = SRC) -> list[str]:
+    found = []
+    for path in sorted((src / "trainwise").rglob("*.py")):
+        if _room(_module_name(path, src)) == "cli":
+            continue
+        for target, _, line in _imports(path, src):
+            if target.split(".")[0] in TERMINAL_LIBRARIES:
+                found.append(f"{path.relative_to(src)}:{line} imports {target}; only cli/ knows the terminal")
+    return found
+
+
+def test_every_room_imports_only_the_rooms_below_it():
     assert violations() == []
 
 
-def test_evaluate_uses_only_names_the_train_package_exports():
-    import trainwise.train
+def test_no_room_reaches_itself_through_its_imports():
+    assert cycles() == []
 
-    for path in sorted((PACKAGE / "evaluate").rglob("*.py")):
-        for target, names, line in _imports(path):
-            if target == "trainwise.train":
-                missing = [n for n in names if n not in trainwise.train.__all__]
-                assert not missing, f"{path.name}:{line}: {missing} are not in trainwise.train.__all__"
-                for name in names:
-                    getattr(trainwise.train, name)  # and each one resolves
+
+def test_evaluate_and_diagnose_import_nothing_from_the_engine():
+    edges = {(room, target) for room, target, _ in _edges()}
+    assert ("evaluate", "train") not in edges and ("diagnose", "train") not in edges
+
+
+def test_typer_is_imported_only_by_the_face():
+    assert terminal_imports() == []
+
+
+def test_every_room_on_disk_has_its_place():
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    rooms |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert rooms - set(ALLOWED) == set()
+
+
+def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "trainwise"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent != root and not (path.parent / "__init__.py").exists():
+            (path.parent / "__init__.py").write_text("")
+        path.write_text(text)
+    return tmp_path
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -132,30 +191,30 @@ def test_evaluate_uses_only_names_the_train_package_exports():
     ("from trainwise import train\n", "data → train"),
 ])
 def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path, source, expected):
-    fake = tmp_path / "trainwise" / "data"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake.parent / "__init__.py").write_text("")
-    (fake / "leaky.py").write_text(source)
-    [problem] = violations(tmp_path)
+    [problem] = violations(_fake_tree(tmp_path, {"data/leaky.py": source}))
     assert expected in problem and "leaky.py" in problem
 
 
-def test_the_checker_holds_evaluate_to_the_public_train_api(tmp_path):
-    fake = tmp_path / "trainwise" / "evaluate"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "peek.py").write_text("from trainwise.train.evaluation import predict\nfrom trainwise.train import "
-                                  "predict as fine\n")
-    [problem] = violations(tmp_path)
-    assert "peek.py:1" in problem and "public API" in problem
+def test_the_checker_says_why_evaluation_may_not_use_the_engine(tmp_path):
+    [problem] = violations(_fake_tree(tmp_path, {"evaluate/peek.py": "from trainwise.train.step import TrainStep\n"}))
+    assert "peek.py:1" in problem and "evaluate → train" in problem and "runtime" in problem
 
 
-def test_the_foundation_imports_no_package(tmp_path):
-    root = tmp_path / "trainwise"
-    (root / "plan").mkdir(parents=True)
-    (root / "plan" / "__init__.py").write_text("")
-    (root / "errors.py").write_text("")
-    (root / "settings.py").write_text("from trainwise import errors\n\ndef f():\n    from trainwise.plan import x\n")
-    [problem] = violations(tmp_path)
-    assert "settings.py:4" in problem and "settings → plan" in problem
+def test_the_foundation_imports_no_room(tmp_path):
+    src = _fake_tree(tmp_path, {"errors.py": "", "plan/__init__.py": "",
+                                "config/load.py": "from trainwise import errors\n\ndef f():\n    from trainwise.plan import x\n"})
+    [problem] = violations(src)
+    assert "load.py:4" in problem and "config → plan" in problem
+
+
+def test_the_checker_finds_a_cycle_and_a_room_without_a_place(tmp_path):
+    src = _fake_tree(tmp_path, {"data/a.py": "from trainwise.recipes import b\n",
+                                "recipes/b.py": "from trainwise.data import a\n",
+                                "extras/c.py": "from trainwise import errors\n"})
+    assert ["data", "recipes", "data"] in cycles(src)
+    assert any("'extras' is a room ALLOWED does not list" in problem for problem in violations(src))
+
+
+def test_the_checker_finds_typer_outside_the_face(tmp_path):
+    src = _fake_tree(tmp_path, {"plan/commands.py": "import typer\n", "cli/plan.py": "import typer\n"})
+    assert terminal_imports(src) == ["trainwise/plan/commands.py:1 imports typer; only cli/ knows the terminal"]

@@ -39,7 +39,7 @@ def test_the_library_names_still_resolve_on_first_use():
 
 def test_report_of_a_run_does_not_import_torch_or_the_data_builders(tmp_path):
     from tests.conftest import tiny_config
-    from trainwise.train.run import train_run
+    from trainwise.launch.runs import train_run
 
     run = train_run(tiny_config(train={"max_steps": 4}, telemetry={"enabled": False}), tmp_path / "run")
     done = subprocess.run([sys.executable, "-c", PROBE.format(argv=["trainwise", "report", str(run.path)]) +

@@ -117,3 +117,14 @@ def test_a_bad_value_in_the_recipe_itself_still_names_the_recipe_file():
     message = str(caught.value)
     assert message.startswith("recipe.yaml: invalid configuration")
     assert "given by the override" not in message
+
+
+def test_language_model_fields_parse_from_overrides_and_refuse_two_sources():
+    config = load_recipe("digits", ["model.hf_config=gpt2", "model.method=lora", "model.lora.rank=8",
+                                    "model.lora.target_modules=[q_proj,v_proj]", "data.seq_len=256"])
+    assert config.model.method == "lora" and config.model.lora.rank == 8 and config.data.seq_len == 256
+    assert config.model.lora.target_modules == ["q_proj", "v_proj"]
+    with pytest.raises(ConfigError, match="not both"):
+        load_recipe("digits", ["model.hf=/models/x", "model.hf_config=gpt2"])
+    with pytest.raises(ConfigError, match="method"):
+        load_recipe("digits", ["model.method=prefix"])

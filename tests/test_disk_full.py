@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-import trainwise.atomic
-import trainwise.run_records
+import trainwise.rundir.atomic
+import trainwise.rundir.records
 from trainwise.errors import DiskFullError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import checkpoint_writer, read_checkpoint
 
 NO_SPACE = r"no space left on .*checkpoints \((\d+(\.\d)?) MiB free, a checkpoint needs (\d+(\.\d)?) MiB\)"
@@ -61,7 +61,7 @@ def _leftovers(run: RunDir) -> list[str]:
 def test_enospc_inside_torch_save_is_a_clear_error_and_last_stays_loadable(tmp_path, monkeypatch):
     run = RunDir.create(tmp_path / "run")
     run.save_checkpoint(10, checkpoint_writer(_state(10)), is_best=True, keep_last=3)
-    monkeypatch.setattr(trainwise.atomic.os, "fdopen", FullDisk(room=300_000))
+    monkeypatch.setattr(trainwise.rundir.atomic.os, "fdopen", FullDisk(room=300_000))
     with pytest.raises(DiskFullError, match=NO_SPACE) as caught:
         run.save_checkpoint(20, checkpoint_writer(_state(20)), is_best=False, keep_last=3)
     needed = os.path.getsize(run.checkpoint_path(10))
@@ -83,7 +83,7 @@ def test_a_full_disk_while_appending_leaves_no_half_record(tmp_path, monkeypatch
         _write(fd, bytes(data)[:5])  # part of the record fits
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(trainwise.run_records.os, "write", write)
+    monkeypatch.setattr(trainwise.rundir.records.os, "write", write)
     with pytest.raises(DiskFullError, match="a record of metrics.jsonl needs"):
         run.log_metrics({"split": "train", "step": 2})
     monkeypatch.undo()

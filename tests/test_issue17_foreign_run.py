@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.conftest import invoke, tiny_config
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainwise.errors import DamagedFileError, RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import checkpoint_writer, read_checkpoint
 
 

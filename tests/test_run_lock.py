@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 from trainwise.errors import RunDirError, RunInUseError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_one_process_never_locks_itself_out(tmp_path):
 @pytest.mark.slow  # another interpreter, importing torch
 def test_the_lock_goes_with_its_last_writer_in_the_process(tmp_path):
     run = RunDir.create(tmp_path / "run")
-    code = f"from trainwise.run import RunDir; RunDir({str(run.path)!r}).acquire_writer(); print('mine')"
+    code = f"from trainwise.rundir.layout import RunDir; RunDir({str(run.path)!r}).acquire_writer(); print('mine')"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     held = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert held.returncode == 1 and "RunInUseError" in held.stderr

@@ -8,7 +8,7 @@ import pytest
 from tests.evaluate.fake_run import make_fake_run
 from trainwise.errors import DamagedFileError, RunDirWarning
 from trainwise.evaluate.report import gather
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 @pytest.fixture

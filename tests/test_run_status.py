@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainwise.errors import RunDirError, RunDirWarning
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def test_a_damaged_summary_reads_as_empty_and_is_named_once(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 
 from tests.conftest import invoke, tiny_config
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
-from trainwise.run_trust import foreign_because, require_trust
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.trust import foreign_because, require_trust
 
 FACTORY = {"name": None, "factory": "tests.e2e.user_data:tiny_model", "args": {}}
 

@@ -6,10 +6,10 @@ from collections import namedtuple
 
 import pytest
 
-import trainwise.run_integrity
+import trainwise.rundir.integrity
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
-from trainwise.run_integrity import bytes_held
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.integrity import bytes_held
 
 MIB = 2**20
 Usage = namedtuple("Usage", "total used free")
@@ -31,7 +31,7 @@ def test_free_space_counts_the_shards_in_checkpoint_directories(tmp_path, monkey
     for step in (10, 20, 30):
         _commit(run, step, 100 * MIB, is_best=step == 10)
     # 120 MiB free: not enough for 5 new checkpoints of 100 MiB, enough once the 300 MiB held here are reused
-    monkeypatch.setattr(trainwise.run_integrity.shutil, "disk_usage", lambda path: Usage(10**12, 0, 120 * MIB))
+    monkeypatch.setattr(trainwise.rundir.integrity.shutil, "disk_usage", lambda path: Usage(10**12, 0, 120 * MIB))
     assert run.check_free_space(checkpoint_bytes=80 * MIB, keep_last=3) is None
     warning = run.check_free_space(checkpoint_bytes=100 * MIB, keep_last=3)
     assert warning and "120 MiB free" in warning and "keeps 5 checkpoints" in warning

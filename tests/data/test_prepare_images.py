@@ -123,7 +123,7 @@ def test_refuses_when_free_space_is_short_with_the_numbers(image_folder, tmp_pat
 
 
 def test_the_doctors_system_disk_warning_is_passed_on(image_folder, tmp_path, monkeypatch):
-    from trainwise.doctor import disk
+    from trainwise.data import disk
     from trainwise.findings import Finding
 
     monkeypatch.setattr(disk, "check_data_dir", lambda path, **_: [

@@ -7,7 +7,7 @@ import random
 from typing import Any, Callable
 
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 GIB = 2**30
 MAX_STEPS = 500

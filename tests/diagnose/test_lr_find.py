@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from tests.conftest import tiny_config
-from trainwise.diagnose import lr_find as finder
+from trainwise.check import lr_find as finder
 from trainwise.errors import ConfigError, RunDirError, TrainingError
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tests.conftest import tiny_config
 from trainwise.diagnose.run_rules import diagnose_run, live_findings
-from trainwise.train import train_run
+from trainwise.launch import train_run
 
 
 def test_a_real_healthy_run_gives_no_warning_or_error(tmp_path):

@@ -141,7 +141,7 @@ def test_live_findings_use_the_same_rules_on_the_records_in_hand(tmp_path):
 
 def _chance_run(path, *, spike: bool, accuracy: float):
     from trainwise.recipes import load_recipe
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
     run = RunDir.create(path, overwrite=True)
     run.write_config(load_recipe("digits", ["train.max_steps=120", "schedule.warmup_steps=0"]))

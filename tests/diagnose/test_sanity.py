@@ -10,9 +10,9 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataBundle
-from trainwise.diagnose.sanity import sanity_check
+from trainwise.check.sanity import sanity_check
 from trainwise.diagnose.sanity_data import SplitData, data_findings
-from trainwise.diagnose.sanity_probe import overfit_one_batch
+from trainwise.check.overfit_one_batch import overfit_one_batch
 from trainwise.recipes import load_recipe
 from trainwise.recipes.factories import build_data
 
@@ -154,7 +154,7 @@ def test_an_optimizer_holding_other_parameters_is_broken_wiring():
 
 
 def test_the_check_leaves_the_random_state_alone_and_train_refuses_errors():
-    from trainwise.diagnose.sanity import raise_for_errors
+    from trainwise.check.sanity import raise_for_errors
     from trainwise.errors import DataError
 
     torch.manual_seed(1)

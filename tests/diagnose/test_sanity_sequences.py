@@ -3,7 +3,7 @@ from a split, imbalance of item-id labels) do not fire on padded item-id sequenc
 they still fire on tables. Padded targets (ignore_index -100) are not counted as class 0."""
 import torch
 
-from trainwise.diagnose.sanity import split_data
+from trainwise.check.sanity import split_data
 from trainwise.diagnose.sanity_data import SplitData, data_findings, id_sequences
 from trainwise.recipes import load_recipe
 from trainwise.recipes.factories import build_data

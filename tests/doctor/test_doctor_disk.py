@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from trainwise.doctor.disk import GIB, DiskFacts, check_data_dir, disk_findings, probe_disk
+from trainwise.data.disk import GIB, DiskFacts, check_data_dir, disk_findings, probe_disk
 
 
 def facts(**changes) -> DiskFacts:

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-import trainwise.demo as demo_module
+import trainwise.cli.demo as demo_module
 from tests.conftest import invoke
 from trainwise.recipes import load_recipe
 from trainwise.train.callbacks import Callback

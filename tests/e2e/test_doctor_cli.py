@@ -91,7 +91,7 @@ def test_the_header_says_whether_the_machine_is_this_one_or_a_recorded_one(tmp_p
 
 def test_a_data_dir_that_does_not_exist_is_a_warning_with_the_fix(tmp_path):
     from trainwise.doctor.checks import run_checks
-    from trainwise.doctor.disk import probe_disk
+    from trainwise.data.disk import probe_disk
     from trainwise.doctor.facts import load_facts
 
     facts = load_facts(FACTS / "this_machine_cpu.json")

@@ -143,7 +143,7 @@ def test_compare_refuses_a_single_run_and_says_what_to_use_instead(tmp_path, cap
 
 def test_data_bench_quick_default_times_few_model_steps_and_full_times_more(tmp_path, capsys, monkeypatch):
     import trainwise.data.bench as data_bench
-    import trainwise.train.throughput as throughput
+    import trainwise.check.throughput as throughput
 
     out = tmp_path / "t"
     assert invoke(capsys, "prepare", str(_table(tmp_path / "t.csv")), "--to", str(out)).returncode == 0

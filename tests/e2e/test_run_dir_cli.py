@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from tests.conftest import ROOT, invoke
 from trainwise.cli import app
 from trainwise.errors import RunDirWarning
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 FAST = ["train.max_steps=12", "schedule.warmup_steps=2", "eval.every_steps=4", "train.log_every=3",
         "telemetry.enabled=false", "eval.early_stopping.enabled=false", "checkpoint.keep_last=2"]

@@ -3,16 +3,9 @@ import json
 
 import pytest
 
-from tests.conftest import invoke, run_cli
+from tests.conftest import assert_refused, invoke, run_cli
 
 FAST = ["train.max_steps=30", "train.log_every=10", "eval.every_steps=10", "telemetry.enabled=false"]
-
-
-def _refused(result, *phrases):
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    for phrase in phrases:
-        assert phrase in result.stderr, f"{phrase!r} not in:\n{result.stderr}"
 
 
 def test_train_writes_the_run_directory(tmp_path, capsys):
@@ -34,17 +27,19 @@ def test_an_existing_run_is_never_overwritten_silently(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    _refused(invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)), "already holds files", "--overwrite")
+    assert_refused(invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)), "already holds files", "--overwrite")
     assert (out / "precious.txt").read_text() == "keep me"
-    assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out), "--overwrite").returncode == 0
-    assert not (out / "precious.txt").exists()
+    # --overwrite replaces an earlier run, never a folder of the user's files (issue 28)
+    assert_refused(invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out), "--overwrite"),
+             "not a trainwise run", "precious.txt")
+    assert (out / "precious.txt").read_text() == "keep me"
 
 
-def test_resume_of_a_completed_run_is_refused(tmp_path, capsys):
+def test_resume_of_a_completed_run_isassert_refused(tmp_path, capsys):
     out = tmp_path / "run"
     assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)).returncode == 0
-    _refused(invoke(capsys, "resume", str(out)), "already completed")
-    _refused(invoke(capsys, "resume", str(tmp_path / "nope")), "not a run directory")
+    assert_refused(invoke(capsys, "resume", str(out)), "already completed")
+    assert_refused(invoke(capsys, "resume", str(tmp_path / "nope")), "not a run directory")
 
 
 @pytest.mark.parametrize("args, phrases", [
@@ -65,14 +60,14 @@ def test_resume_of_a_completed_run_is_refused(tmp_path, capsys):
 ])
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, args, phrases):
     out = tmp_path / "never"
-    _refused(invoke(capsys, "train", *args, "--out", str(out)), *phrases)
+    assert_refused(invoke(capsys, "train", *args, "--out", str(out)), *phrases)
     assert not out.exists()  # nothing was created for a run that could not start
 
 
 def test_unknown_key_in_a_yaml_file_names_the_file(tmp_path, capsys):
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("train:\n  max_steps: 10\n  batchsize: 8\n")
-    _refused(invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "r")),
+    assert_refused(invoke(capsys, "train", str(recipe), "--out", str(tmp_path / "r")),
              str(recipe), "train.batchsize: unknown key", "Did you mean 'batch_size'")
 
 
@@ -130,7 +125,7 @@ def test_a_run_stopped_by_sigterm_exits_75_so_schedulers_do_not_take_it_for_a_su
 
 
 def test_a_second_ctrl_c_exits_130_and_says_what_was_kept(tmp_path, capsys, monkeypatch):
-    import trainwise.train.run as train_run_module
+    import trainwise.launch.runs as train_run_module
 
     out = tmp_path / "run"
     out.mkdir()
@@ -156,5 +151,5 @@ def test_train_into_a_completed_run_suggests_overwrite_or_a_new_out_not_resume(t
     out = tmp_path / "run"
     assert invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out)).returncode == 0
     result = invoke(capsys, "train", "breast-cancer", *FAST, "--out", str(out))
-    _refused(result, "completed", "--overwrite", "--out")
+    assert_refused(result, "completed", "--overwrite", "--out")
     assert "trainwise resume" not in result.stderr  # resume refuses a completed run

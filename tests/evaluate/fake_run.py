@@ -5,7 +5,7 @@ import math
 import random
 
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def make_fake_run(path, *, overfit: bool = True, system: bool = True) -> RunDir:

@@ -156,7 +156,7 @@ def test_one_class_metric_is_read_from_the_evaluation(tmp_path):
     import json
 
     from trainwise.evaluate.ablate import _metric_value
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
     run = RunDir(tmp_path)
     run.eval_dir.mkdir()

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import tiny_config
 from trainwise.errors import RunDirError
 from trainwise.evaluate.run_eval import evaluate_run, load_weights
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 pytestmark = pytest.mark.slow  # one tiny fsdp training run (~10 s of CPU), shared by the module
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # one tiny fsdp training run (~10 s of CPU), shar
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory) -> RunDir:
     """A one-process fsdp run: checkpoints at steps 15 and 20 are torch.distributed.checkpoint directories."""
-    from trainwise.train.run import train_run
+    from trainwise.launch.runs import train_run
 
     config = tiny_config(train={"max_steps": 20, "batch_size": 32, "log_every": 5, "strategy": "fsdp"},
                          checkpoint={"every_steps": 5, "keep_last": 2})

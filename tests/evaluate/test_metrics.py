@@ -7,7 +7,7 @@ from sklearn import metrics as sk
 from sklearn.calibration import calibration_curve
 
 from trainwise.evaluate.metrics import classification_metrics, regression_metrics, softmax
-from trainwise.evaluate.ranking import ranking_metrics
+from trainwise.recsys.metrics import ranking_metrics
 
 
 def _predictions(n=400, classes=4, seed=0, skill=1.5):

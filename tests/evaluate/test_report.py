@@ -12,7 +12,7 @@ import pytest
 from PIL import Image, ImageStat
 
 from tests.evaluate.fake_run import make_fake_run
-from trainwise.atomic import atomic_write_json
+from trainwise.rundir.atomic import atomic_write_json
 from trainwise.errors import ConfigError
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.metrics import classification_metrics
@@ -112,7 +112,7 @@ def test_report_renders_in_headless_chromium(fake_run, chromium, tmp_path):
 
 def test_report_of_a_run_that_logged_nothing(tmp_path):
     from trainwise.recipes import load_recipe
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
 
     run = RunDir.create(tmp_path / "empty")
     run.write_config(load_recipe("digits"))

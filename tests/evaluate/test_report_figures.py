@@ -7,7 +7,7 @@ from tests.evaluate.fake_run import make_fake_run
 from tests.evaluate.test_report import _images, _write_eval
 from trainwise.evaluate.report import figures, gather, telemetry_figures, write_report
 from trainwise.recipes import load_recipe
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def _legend(figure):

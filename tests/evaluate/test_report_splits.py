@@ -9,7 +9,7 @@ import pytest
 from tests.evaluate.test_report import _write_eval
 from trainwise.evaluate.report import write_report
 from trainwise.evaluate.run_eval import eval_files, evaluate_run, read_eval, read_evals
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def _copy(run: RunDir, path) -> RunDir:

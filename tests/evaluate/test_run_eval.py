@@ -10,7 +10,7 @@ from sklearn import metrics as sk
 
 from trainwise.errors import DataError, RunDirError
 from trainwise.evaluate.run_eval import eval_files, evaluate_run, read_eval
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 pytestmark = pytest.mark.slow  # the session's tiny training run takes ~5 s of CPU
 

@@ -12,8 +12,8 @@ from tests.conftest import finish_job
 from trainwise.errors import ConfigError
 from trainwise.plan import auto_micro_batch
 from trainwise.plan.auto_micro_batch import EVENT_KIND, choose_micro_batch, resolve_micro_batch
-from trainwise.run import RunDir
-from trainwise.train.run import train_run
+from trainwise.rundir.layout import RunDir
+from trainwise.launch.runs import train_run
 
 
 def _auto_config(micro_batch_size="auto", **sections):
@@ -119,7 +119,7 @@ AUTO_UNDER_TORCHRUN = """
 import sys
 from tests.plan.test_auto_micro_batch import _auto_config
 from trainwise.plan.auto_micro_batch import resolve_micro_batch
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 config = _auto_config()
 config = config.model_copy(update={"train": config.train.model_copy(update={"strategy": "ddp"})})
 train_run(config, sys.argv[1], resolve_micro_batch=resolve_micro_batch)

@@ -39,8 +39,8 @@ def test_memory_curve_through_traced_sizes_bounds_the_sizes_between():
 
 @pytest.mark.parametrize("epochs", ["3", "2.5"])
 def test_the_plan_prices_the_steps_the_trainer_runs(tmp_path, epochs):
-    from trainwise.run import RunDir
-    from trainwise.train import build_trainer
+    from trainwise.rundir.layout import RunDir
+    from trainwise.launch import build_trainer
 
     config = load_recipe("breast-cancer", ["train.max_steps=null", f"train.epochs={epochs}",
                                            "telemetry.enabled=false"])
@@ -50,7 +50,7 @@ def test_the_plan_prices_the_steps_the_trainer_runs(tmp_path, epochs):
 
 
 def test_the_plan_asks_the_trainers_precision_rule(monkeypatch):
-    import trainwise.train.precision as precision
+    import trainwise.runtime.precision as precision
 
     asked = []
 

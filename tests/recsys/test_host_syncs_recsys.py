@@ -6,7 +6,7 @@ import pytest
 
 from trainwise.recipes import load_recipe
 from trainwise.train.host_syncs import HostSyncCounter
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 TINY = ["data.args.users=300", "data.args.items=200", "data.args.events=8000", "data.args.categories=5",
         "data.args.max_eval_queries=100", "train.max_steps=12", "train.epochs=null", "eval.every_steps=null",

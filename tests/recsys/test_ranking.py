@@ -85,7 +85,7 @@ def test_one_users_seen_items_do_not_mask_anothers_when_scores_are_shared():
 def test_gauc_matches_a_per_user_sklearn_reference():
     from sklearn.metrics import roc_auc_score
 
-    from trainwise.evaluate.ranking import group_auc
+    from trainwise.recsys.metrics import group_auc
 
     rng = np.random.default_rng(3)
     users = rng.integers(0, 40, 600)

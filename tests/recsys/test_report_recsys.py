@@ -6,7 +6,7 @@ import torch
 from tests.conftest import invoke
 from trainwise.evaluate.report_recsys import BUCKETS, recsys_section
 from trainwise.recsys.models import SASRec
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 TINY = ["data.args.users=150", "data.args.items=100", "data.args.events=6000", "data.args.categories=5",
         "train.max_steps=12", "train.batch_size=32", "eval.every_steps=6", "telemetry.enabled=false",

@@ -5,7 +5,7 @@ from safetensors.torch import load_file
 
 from trainwise.recipes import load_recipe
 from trainwise.train.callbacks import Callback
-from trainwise.train.run import resume_run, train_run
+from trainwise.launch.runs import resume_run, train_run
 
 OVERRIDES = ["data.args.users=120", "data.args.items=80", "data.args.events=3000", "data.args.categories=4",
              "data.args.negatives=3", "model.args.dropout=0.2", "train.max_steps=24", "train.batch_size=32",

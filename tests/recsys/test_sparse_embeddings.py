@@ -14,7 +14,7 @@ from trainwise.recipes import load_recipe
 from trainwise.recsys.models import SASRec
 from trainwise.train.callbacks import Callback
 from trainwise.train.optim import SplitOptimizer
-from trainwise.train.run import resume_run, train_run
+from trainwise.launch.runs import resume_run, train_run
 
 OVERRIDES = ["data.args.users=120", "data.args.items=80", "data.args.events=3000", "data.args.categories=4",
              "model.args.loss=sampled", "model.args.num_sampled=16", "model.args.sampling=popularity",

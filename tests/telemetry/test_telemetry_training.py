@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from trainwise.recipes import load_recipe
-from trainwise.train.run import train_run
+from trainwise.launch.runs import train_run
 
 SHORT = ["train.max_steps=12", "schedule.warmup_steps=2", "train.log_every=4", "eval.every_steps=12",
          "telemetry.interval_s=0.1"]

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.train.test_oom_recovery import SPEC, OutOfMemoryAbove, _data
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.host_syncs import HostSyncCounter
 from trainwise.train.trainer import Trainer
 

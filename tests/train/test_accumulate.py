@@ -2,8 +2,8 @@
 import torch
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
-from trainwise.train.run import build_trainer
+from trainwise.rundir.layout import RunDir
+from trainwise.launch.runs import build_trainer
 
 
 def _first_step_update(tmp_path, micro_batch_size):

@@ -9,9 +9,9 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec, check_labels
-from trainwise.diagnose.sanity import sanity_check
+from trainwise.check.sanity import sanity_check
 from trainwise.errors import DataError, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.train.health import StepHealth, health_problem
 from trainwise.train.nonfinite_validation import NonFiniteValidation

@@ -7,9 +7,9 @@ import torch
 
 from tests.conftest import tiny_config
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import capture_rng, read_checkpoint, restore_rng
-from trainwise.train.run import build_trainer
+from trainwise.launch.runs import build_trainer
 
 
 def test_checkpoints_hold_everything_and_keep_n(tmp_path):

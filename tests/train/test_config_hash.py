@@ -6,11 +6,11 @@ import pytest
 import yaml
 
 from tests.conftest import invoke, stop_at, tiny_config
-from trainwise.config_diff import config_hash, diff_configs, is_safe_to_change
+from trainwise.config.diff import config_hash, diff_configs, is_safe_to_change
 from trainwise.errors import ConfigError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.run import resume_run, train_run
+from trainwise.launch.runs import resume_run, train_run
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_a_sharded_checkpoint_records_its_config_and_resume_compares_it(tmp_path
 
 
 def test_a_field_newer_than_the_checkpoint_and_config_yaml_is_no_change():
-    from trainwise.config_diff import check_resume_config
+    from trainwise.config.diff import check_resume_config
 
     config = tiny_config()
     stored = config.model_dump(mode="json")

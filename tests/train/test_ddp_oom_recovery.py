@@ -12,7 +12,7 @@ import torch
 from tests.conftest import ROOT
 from tests.train.ddp_oom_worker import CHECKPOINT_EVERY, LOG_EVERY, MAX_STEPS
 from tests.conftest import finish_job
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.recovery import GUARDED_STEPS
 

@@ -1,10 +1,10 @@
 import torch
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
 from trainwise.train.early_stop import EarlyStopping
-from trainwise.train.run import build_trainer, resume_run
+from trainwise.launch.runs import build_trainer, resume_run
 
 
 def test_patience_and_min_delta_in_both_directions():

@@ -10,7 +10,7 @@ from tests.conftest import tiny_config
 from trainwise import Trainer
 from trainwise.data.bundle import DataSpec
 from trainwise.recipes.models import cnn
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 class SlowDataset(Dataset):
@@ -72,7 +72,7 @@ def test_python_api_with_a_plain_tensor_dataset(tmp_path):
 def test_torch_compile_trains(tmp_path):
     config = tiny_config(model={"name": "mlp", "args": {"hidden": [16], "dropout": 0.0}, "compile": True},
                          train={"max_steps": 6, "log_every": 3})
-    from trainwise.train.run import build_trainer
+    from trainwise.launch.runs import build_trainer
 
     run = RunDir(tmp_path / "c")
     trainer = build_trainer(config, run)
@@ -82,7 +82,7 @@ def test_torch_compile_trains(tmp_path):
 
 
 def _short_run(tmp_path, callbacks=(), **train):
-    from trainwise.train.run import build_trainer
+    from trainwise.launch.runs import build_trainer
 
     run = RunDir(tmp_path / "run")
     trainer = build_trainer(tiny_config(train={"max_steps": 10, "log_every": 5, **train}), run, callbacks)

@@ -6,9 +6,9 @@ import errno
 import pytest
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.run import build_trainer
+from trainwise.launch.runs import build_trainer
 
 
 def test_a_failed_final_write_is_recorded_as_failed(tmp_path, monkeypatch):

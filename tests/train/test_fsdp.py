@@ -19,7 +19,7 @@ from torch import nn
 
 from tests.conftest import finish_job, invoke, start_torchrun, tiny_config
 from trainwise.errors import ConfigError, RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.distributed import Ranks, resolve_strategy
 from trainwise.train.fsdp import fsdp_blocks
 
@@ -167,7 +167,7 @@ def test_an_incomplete_last_falls_back_to_the_newest_complete_step(tmp_path):
 
 
 def test_fsdp_in_one_process_trains_with_sharded_checkpoints_and_resumes(tmp_path):
-    from trainwise.train.run import resume_run, train_run
+    from trainwise.launch.runs import resume_run, train_run
 
     config = tiny_config(train={"max_steps": 20, "batch_size": 32, "log_every": 5, "strategy": "fsdp"},
                          checkpoint={"every_steps": 5, "keep_last": 10})
@@ -295,7 +295,7 @@ def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path):
 
 def test_early_stopping_restores_the_best_sharded_checkpoint_which_rotation_keeps(tmp_path):
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.run import train_run
+    from trainwise.launch.runs import train_run
     from trainwise.train.sharded_checkpoint import load_model
 
     config = tiny_config(optim={"lr": 0.2}, train={"max_steps": 80, "batch_size": 32, "strategy": "fsdp"},

@@ -14,9 +14,9 @@ from torch.utils.data import Dataset
 from tests.conftest import stop_at, ROOT, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ConfigError, TrainingError
-from trainwise.run import RunDir
-from trainwise.train.device import resolve_device
-from trainwise.train.evaluation import predict
+from trainwise.rundir.layout import RunDir
+from trainwise.runtime.device import resolve_device
+from trainwise.runtime.inference import predict
 from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW
 from trainwise.train.trainer import Trainer
 
@@ -141,8 +141,8 @@ SIGNAL_IN_LOG_WRITE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
-    from trainwise.run import RunDir
-    from trainwise.train.run import build_trainer
+    from trainwise.rundir.layout import RunDir
+    from trainwise.launch.runs import build_trainer
 
     class LockThatSignals:
         # the run directory's lock; SIGTERM arrives just after its 6th acquisition, while it is held

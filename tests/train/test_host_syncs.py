@@ -6,7 +6,7 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.host_syncs import HostSyncCounter
 from trainwise.train.trainer import Trainer
 

@@ -7,8 +7,8 @@ from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec
 
 from tests.conftest import tiny_config
 from trainwise.errors import DataError
-from trainwise.run import RunDir
-from trainwise.train.run import build_trainer
+from trainwise.rundir.layout import RunDir
+from trainwise.launch.runs import build_trainer
 
 
 def _fit(tmp_path, **sections):

@@ -7,7 +7,7 @@ from torch import nn
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.trainer import Trainer
 
 

@@ -4,7 +4,7 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.train.test_oom_recovery import SPEC, OutOfMemoryAbove, _data
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.callbacks import Callback
 from trainwise.train.trainer import Trainer
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from trainwise.errors import ConfigError
-from trainwise.train.device import resolve_device
-from trainwise.train.precision import autocast, choose_precision, enable_tf32, make_scaler, resolve_precision
+from trainwise.runtime.device import resolve_device
+from trainwise.runtime.precision import autocast, choose_precision, enable_tf32, make_scaler, resolve_precision
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -63,8 +63,8 @@ def test_auto_is_bf16_on_ampere_and_newer_and_tf32_turns_on():
 @cuda
 def test_fp16_scaler_path_on_cuda(tmp_path):
     from tests.conftest import tiny_config
-    from trainwise.run import RunDir
-    from trainwise.train.run import build_trainer
+    from trainwise.rundir.layout import RunDir
+    from trainwise.launch.runs import build_trainer
 
     run = RunDir(tmp_path / "run")
     trainer = build_trainer(tiny_config(train={"precision": "fp16", "max_steps": 20}), run)

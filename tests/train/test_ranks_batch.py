@@ -65,7 +65,7 @@ def test_plan_nproc_shows_the_micro_batch_train_runs(capsys):
 def test_augmented_single_channel_images_keep_standard_strides_so_ddp_buckets_match():
     """The cause of DDP's "Grad strides do not match bucket view strides" on digits: the shift returned one-
     channel images with channels-last strides, so the first convolution's weight gradient was channels-last."""
-    from trainwise.recipes.datasets import random_shift
+    from trainwise.data.augment import random_shift
 
     torch.manual_seed(0)
     images = random_shift(torch.randn(16, 1, 8, 8))

@@ -10,9 +10,9 @@ from torch import nn
 from tests.conftest import stop_at, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ModelCallError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.progress import ProgressDisplay
-from trainwise.train.run import build_trainer, resume_run
+from trainwise.launch.runs import build_trainer, resume_run
 from trainwise.train.trainer import Trainer
 
 

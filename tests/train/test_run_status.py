@@ -8,8 +8,8 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.conftest import train_until_killed, invoke, tiny_config
-from trainwise.run import RunDir
-from trainwise.train.run import resume_run, train_run
+from trainwise.rundir.layout import RunDir
+from trainwise.launch.runs import resume_run, train_run
 
 KILL_ARGS = ["breast-cancer", "train.max_steps=100000", "train.log_every=1", "eval.every_steps=4",
              "eval.every_epoch=false", "checkpoint.every_steps=4", "telemetry.enabled=false"]
@@ -251,7 +251,7 @@ def test_the_summary_follows_metrics_as_they_grow_without_rereading_them(tmp_pat
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_not_sent_to_resume(tmp_path):
-    from trainwise.run_lock import liveness_note
+    from trainwise.rundir.lock import liveness_note
 
     run = RunDir(tmp_path / "run")
     run.path.mkdir()

@@ -4,8 +4,8 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainwise.config import ScheduleConfig
-from trainwise.run import RunDir
-from trainwise.train.run import build_trainer
+from trainwise.rundir.layout import RunDir
+from trainwise.launch.runs import build_trainer
 from trainwise.train.schedule import WarmupDecay, lr_factor
 
 

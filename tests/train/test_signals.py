@@ -5,10 +5,10 @@ import signal
 import pytest
 
 from tests.conftest import tiny_config
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train.callbacks import Callback
 from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.run import build_trainer, resume_run
+from trainwise.launch.runs import build_trainer, resume_run
 
 
 class SendSignal(Callback):

@@ -6,7 +6,7 @@ import pytest
 from tests.data.conftest import _write_csv
 from trainwise.data.prepare import PrepareOptions, prepare
 from trainwise.errors import DataError
-from trainwise.train.throughput import bench_prepared
+from trainwise.check.throughput import bench_prepared
 
 
 @pytest.mark.slow  # the optimizer's first import of torch._dynamo alone takes seconds
@@ -33,7 +33,7 @@ def test_the_model_rate_times_the_trainers_own_step(monkeypatch, task):
     from tests.conftest import tiny_config
     from trainwise.data.bundle import DataSpec
     from trainwise.train.step import TrainStep
-    from trainwise.train.throughput import model_rate
+    from trainwise.check.throughput import model_rate
 
     calls = []
     original = TrainStep.update

@@ -1,7 +1,7 @@
 """`trainwise data bench DIR`: can the loader keep the model fed?
 
 Two thin probes — loader samples/s at each worker count (here), and the model's samples/s on a batch already
-on the device (the engine's: trainwise.train.throughput, which also runs the whole bench for the CLI) — and
+on the device (the engine's: trainwise.check.throughput, which also runs the whole bench for the CLI) — and
 one pure decision, `bench_verdict`, over the numbers they return. Data sits below training, so the model's
 rate comes in as a function.
 """

@@ -168,7 +168,7 @@ def default_workers() -> int:
 
 def disk_warnings(to: Path) -> list[str]:
     """The doctor's data-disk check (system disk, network filesystem, spinning disk), as lines to print."""
-    from trainwise.doctor.disk import check_data_dir
+    from trainwise.data.disk import check_data_dir
 
     lines = []
     for finding in check_data_dir(to):

@@ -188,7 +188,7 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
 def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool = True,
                     **unknown: Any) -> DataBundle:
     """The train/val/test splits of a prepared image or table dataset, for `data.name: prepared`."""
-    from trainwise.recipes.datasets import feature_noise
+    from trainwise.data.augment import feature_noise
 
     if unknown:
         raise ConfigError(f"data.args: a prepared dataset takes only `normalize` (true/false), not "
@@ -210,7 +210,7 @@ def prepared_bundle(path: str | Path, *, augment: bool = False, normalize: bool 
 
 def flip_and_shift(images: torch.Tensor) -> torch.Tensor:
     """Photos: a random horizontal flip, then a shift of up to 1/16 of the width (on the device)."""
-    from trainwise.recipes.datasets import random_shift
+    from trainwise.data.augment import random_shift
 
     flip = torch.rand(len(images), device=images.device) < 0.5
     images = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)

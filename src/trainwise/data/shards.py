@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainwise.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from trainwise.errors import DataError
 
 FORMAT = "trainwise-prepared"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import traceback
 
 from trainwise.diagnose.explain import explain
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 def record_failure(run_dir: RunDir, error: BaseException, step: int) -> str:

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-from trainwise.config import RunConfig, TelemetryConfig
+from trainwise.config import RunConfig, TelemetryConfig, warmup_steps
 from trainwise.diagnose.curves import analyse_curves
 from trainwise.diagnose.findings import Finding, worst_first
 from trainwise.diagnose.hardware import hardware_findings
 from trainwise.diagnose.memory import memory_findings
 from trainwise.diagnose.throughput import throughput_findings
 from trainwise.errors import RunDirError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,6 @@ def live_findings(records: Sequence[dict[str, Any]], system: Sequence[dict[str, 
 def _warmup_steps(config: RunConfig | None, summary: dict[str, Any]) -> int:
     if config is None:
         return 0
-    from trainwise.train.schedule import warmup_steps  # the engine owns how a warmup fraction becomes steps
-
     return warmup_steps(config.schedule, _max_steps(config, summary) or 0)
 
 

@@ -10,7 +10,7 @@ checked ("GPU 0 temperature"), `detail` what was found; severity info means the 
 from __future__ import annotations
 
 from trainwise.config import TelemetryConfig
-from trainwise.doctor.disk import disk_findings
+from trainwise.data.disk import disk_findings
 from trainwise.doctor.distributed import distributed_findings
 from trainwise.doctor.facts import Facts
 from trainwise.findings import Finding

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.data.loader import usable_cores
-from trainwise.doctor.disk import DiskFacts, probe_disk
+from trainwise.data.disk import DiskFacts, probe_disk
 from trainwise.doctor.distributed import DistributedFacts, probe_distributed
 from trainwise.doctor.gpu_facts import NvmlFacts, probe_nvml
 from trainwise.errors import ConfigError
@@ -146,7 +146,7 @@ def facts_from_dict(raw: dict[str, Any]) -> Facts:
 
 
 def save_facts(facts: Facts, path: str | os.PathLike) -> Path:
-    from trainwise.atomic import atomic_write_text
+    from trainwise.rundir.atomic import atomic_write_text
 
     return atomic_write_text(path, json.dumps(facts_to_dict(facts), indent=2) + "\n")
 

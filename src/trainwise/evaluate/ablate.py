@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.atomic import atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.config import RunConfig, metric_mode
 from trainwise.errors import ConfigError, RunDirError, TrainingError, TrainwiseError
 from trainwise.evaluate.ablation_stats import summarise_variants
 from trainwise.evaluate.run_eval import evaluate_run, read_eval
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 # Switches the built-in recipes expose, with the override that turns each one off: `--vary augmentation`.
 SWITCHES = {
@@ -184,7 +184,7 @@ def metric_names(config: RunConfig) -> tuple[str, dict[str, list[str]]] | None:
 
     from trainwise.evaluate.tasks import TASKS
     from trainwise.recipes.factories import build_data
-    from trainwise.train import headline_metrics
+    from trainwise.runtime.inference import headline_metrics
 
     bundle = build_data(config)  # a bad data setting is a ConfigError/DataError here: exit 2 before any run
     spec = bundle.spec
@@ -327,7 +327,8 @@ def _config(recipe: str, overrides: list[str]) -> RunConfig:
 def _fingerprint(config: RunConfig) -> str:
     """The config as it would run on this machine: `train.device` and `train.precision` resolved, so that
     precision=auto and precision=fp32 on a CPU (where auto is fp32) are one config, not two identical runs."""
-    from trainwise.train import resolve_device, resolve_precision
+    from trainwise.runtime.device import resolve_device
+    from trainwise.runtime.precision import resolve_precision
 
     dumped = config.model_dump(mode="json")
     try:

@@ -8,7 +8,7 @@ import yaml
 
 from trainwise.errors import RunDirError
 from trainwise.evaluate.run_eval import read_evals
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 # scalar evaluation metrics worth a row, in this order, when present
 EVAL_METRICS = ("accuracy", "balanced_accuracy", "roc_auc", "pr_auc", "ece", "log_loss",

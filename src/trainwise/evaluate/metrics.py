@@ -13,14 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from trainwise.runtime.arrays import as_numpy
+
 CALIBRATION_BINS = 15
-
-
-def as_numpy(values: Any) -> np.ndarray:
-    """A torch tensor or array-like as a numpy array (on the CPU)."""
-    if hasattr(values, "detach"):
-        values = values.detach().cpu().numpy()
-    return np.asarray(values)
 
 
 def softmax(logits: Any) -> np.ndarray:

@@ -15,14 +15,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.atomic import atomic_write_text
+from trainwise.rundir.atomic import atomic_write_text
 from trainwise.errors import ConfigError, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
 from trainwise.evaluate.curves import CurveAnalysis, best_point, series
 from trainwise.evaluate.calibration import calibration_verdict
 from trainwise.evaluate.report_recsys import recsys_section
 from trainwise.evaluate.run_eval import read_evals
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 _NOT_METRICS = {"step", "epoch", "time", "split", "loss"}
@@ -235,7 +235,7 @@ def _telemetry_label(key: str, fields: dict[str, str]) -> str:
 
 def _lr_find_uri(data: dict[str, Any]) -> str | None:
     """The lr-find curve, drawn by lr-find's own renderer from the JSON it wrote."""
-    from trainwise.diagnose.lr_find import LrFindResult, SweepSettings, render_png
+    from trainwise.diagnose.lr_curve import LrFindResult, SweepSettings, render_png
 
     try:
         result = LrFindResult(lrs=[float(x) for x in data["lrs"]], losses=[float(x) for x in data["losses"]],

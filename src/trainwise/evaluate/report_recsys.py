@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 
 if TYPE_CHECKING:  # torch is imported where a recommender's section is built: other reports never need it
     import torch
@@ -47,7 +47,7 @@ def recsys_section(run: RunDir, checkpoint: str = "best") -> RecommenderSection 
         return None
     import torch  # only now: the other runs' reports need neither torch nor the data builders
 
-    from trainwise.evaluate.run_eval import load_weights
+    from trainwise.rundir.weights import load_weights
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.recsys.ranking import full_ranking
 
@@ -95,7 +95,7 @@ def example_user(model: torch.nn.Module, queries, data_path: str | None) -> dict
     the weight the model gave each."""
     import torch
 
-    from trainwise.recsys.recommend import _id_maps, _raw
+    from trainwise.evaluate.recommend import _id_maps, _raw
 
     if len(queries) == 0:
         return None

@@ -14,7 +14,7 @@ import numpy as np
 
 from trainwise.errors import ConfigError
 from trainwise.evaluate.metrics import as_numpy, classification_metrics, regression_metrics, softmax
-from trainwise.evaluate.ranking import ranking_metrics, target_ranks
+from trainwise.recsys.metrics import ranking_metrics, target_ranks
 
 Rows = tuple[list[str], list[list[Any]]]  # header, rows
 

@@ -26,7 +26,8 @@ from trainwise.plan.advise import (ALLOCATOR_SLACK_BYTES, CUBLAS_32MIB_MAJORS, C
 from trainwise.plan.job import estimate_job, job_from_config
 from trainwise.plan.memory import TrainingStep, build_train_step
 from trainwise.plan.probe import host_batches
-from trainwise.train import resolve_device, resolve_precision
+from trainwise.runtime.device import resolve_device
+from trainwise.runtime.precision import resolve_precision
 from trainwise.train.distributed import init_distributed, launched_ranks
 
 EVENT_KIND = "micro_batch_auto"

@@ -73,7 +73,7 @@ class JobEstimate:
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda", ranks: int = 1) -> Job:
     """The job one rank of `ranks` runs: the micro-batch and accumulation are the trainer's for that many."""
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train import choose_precision
+    from trainwise.runtime.precision import choose_precision
 
     bundle = build_data(config)
     spec = bundle.spec

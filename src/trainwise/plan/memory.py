@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from trainwise.config import OptimConfig
 from trainwise.plan.flops import FlopTally
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import make_scaler
+from trainwise.runtime.precision import make_scaler
 from trainwise.train.step import TrainStep, default_loss
 
 DeviceKind = Literal["cpu", "cuda"]

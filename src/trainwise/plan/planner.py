@@ -119,8 +119,8 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
 def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...]):
     """A few real steps on the present device; on a CUDA card, how far the time model was off there."""
     from trainwise.plan.probe import probe_steps
-    from trainwise.train.device import resolve_device
-    from trainwise.train.precision import resolve_precision
+    from trainwise.runtime.device import resolve_device
+    from trainwise.runtime.precision import resolve_precision
 
     device = resolve_device(config.train.device)
     kind = "cuda" if device.type == "cuda" else "cpu"

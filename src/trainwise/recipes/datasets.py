@@ -5,6 +5,7 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
+from trainwise.data.augment import feature_noise, random_shift
 from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec
 
 
@@ -62,28 +63,6 @@ def stratified_splits(inputs: np.ndarray, targets: np.ndarray, *, seed: int, val
 
 def _dataset(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
     return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64)))
-
-
-def random_shift(images: torch.Tensor, max_shift: int = 1) -> torch.Tensor:
-    """Shift each image by up to `max_shift` pixels in each direction, filling with zeros."""
-    n, _, h, w = images.shape
-    padded = torch.nn.functional.pad(images, (max_shift,) * 4)
-    dy = torch.randint(0, 2 * max_shift + 1, (n, 1, 1), device=images.device)
-    dx = torch.randint(0, 2 * max_shift + 1, (n, 1, 1), device=images.device)
-    rows = torch.arange(h, device=images.device).view(1, h, 1) + dy
-    cols = torch.arange(w, device=images.device).view(1, 1, w) + dx
-    batch = torch.arange(n, device=images.device).view(n, 1, 1)
-    shifted = padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
-    # with one channel `contiguous()` keeps the permuted strides (a size-1 dimension's stride is free), and a
-    # convolution reads those as channels-last: its weight gradients came out channels-last too, unlike the
-    # weights, and DDP warned "Grad strides do not match bucket view strides" on every rank. Same memory,
-    # standard strides.
-    return shifted.view(-1).view(shifted.shape)
-
-
-def feature_noise(features: torch.Tensor, std: float = 0.05) -> torch.Tensor:
-    """Gaussian noise on standardised features."""
-    return features + std * torch.randn_like(features)
 
 
 from trainwise.recsys.data import shop  # noqa: E402  behaviour sequences for the recommender recipes

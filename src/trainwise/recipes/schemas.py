@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidato
 from pydantic_core import PydanticCustomError
 
 from trainwise.config import RunConfig
-from trainwise.config_messages import name_overrides
+from trainwise.config.messages import name_overrides
 from trainwise.errors import ConfigError
 
 # Upper bounds only catch typos and integer overflow inside torch; they stay far above what fits, because

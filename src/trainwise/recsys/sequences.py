@@ -258,7 +258,7 @@ class ClickPairs(SequenceSamples):
     @torch.no_grad()
     def click_metrics(self, model: torch.nn.Module, device: torch.device, batch: int = 4096) -> dict:
         """Click AUC over all impressions and GAUC (per-user AUC weighted by impressions), fixed negatives."""
-        from trainwise.evaluate.ranking import group_auc
+        from trainwise.recsys.metrics import group_auc
 
         was_training = model.training
         model.eval()

@@ -1,17 +1,15 @@
-"""The training engine. Other rooms (evaluate, plan, the CLI) use it through these names, never through its
-modules, so the engine's insides can move without breaking them (tests/test_architecture.py holds
-evaluate to this).
+"""The training engine: the Trainer, its step, checkpointer and loop. Runs are started and resumed by
+trainwise.launch; the probes in trainwise.check and the planner use its step; evaluation and diagnosis never
+import it (tests/test_architecture.py).
 
-    from trainwise.train import predict, read_checkpoint, resolve_device
+    from trainwise.train import Trainer, Callback
 """
 from __future__ import annotations
 
 from typing import Any
 
 _EXPORTS = {
-    "Trainer": "trainer", "Callback": "callbacks", "build_trainer": "run", "train_run": "run",
-    "resume_run": "run", "predict": "evaluation", "headline_metrics": "evaluation", "read_checkpoint": "checkpoint",
-    "resolve_device": "device", "choose_precision": "precision", "resolve_precision": "precision",
+    "Trainer": "trainer", "Callback": "callbacks",
 }
 
 

@@ -1,8 +1,8 @@
 """Checkpoints: everything needed to continue a run exactly where it was.
 
 model, optimizer, scheduler, scaler, early-stopping state, the RNG states (python, numpy, torch, CUDA) and
-the data position (epoch + batch). Written atomically by RunDir; read with `weights_only=True`, so loading a
-checkpoint never unpickles arbitrary objects.
+the data position (epoch + batch). The file format (and reading one back) is rundir/checkpoint_files.py's;
+RunDir writes it atomically.
 
 Two layouts, chosen by train.strategy: one file written by rank 0 (single, ddp: every rank holds the whole
 model), or a sharded directory every rank writes its part of (fsdp, train/sharded_checkpoint.py). `save`,
@@ -17,15 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainwise.config_diff import config_record
-from trainwise.errors import DamagedFileError, RunDirError
-from trainwise.run_integrity import CheckpointChoice
+from trainwise.config.diff import config_record
+from trainwise.errors import DamagedFileError
+from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, read_checkpoint_header  # noqa: F401
+from trainwise.rundir.integrity import CheckpointChoice
 
 if TYPE_CHECKING:
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
     from trainwise.train.trainer import Trainer
-
-FORMAT_VERSION = 1
 
 
 def capture_rng() -> dict[str, Any]:
@@ -52,32 +51,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def checkpoint_writer(state: dict[str, Any]):
-    """A `write(file)` callable for RunDir.save_checkpoint, which hashes the bytes as they are written and
-    may call it a second time, into a counting sink, to say how much space a checkpoint needs."""
-    payload = {"format_version": FORMAT_VERSION, **state}
-    return lambda f: torch.save(payload, f)
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint file. It is not verified here: choose it with RunDir.latest_intact_checkpoint()
-    or check it with RunDir.verify(path) first (a few changed bytes still load, as wrong numbers)."""
-    path = Path(path)
-    if not path.is_file():
-        raise RunDirError(f"no checkpoint at {path}. A run writes one after each evaluation, every "
-                          "checkpoint.every_steps, and when it stops.")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated file or a foreign pickle
-        raise RunDirError(f"{path} cannot be read as a trainwise checkpoint ({type(e).__name__}: {e}).") from None
-    if not isinstance(state, dict):
-        raise RunDirError(f"{path} is not a trainwise checkpoint (it holds a {type(state).__name__}).")
-    if state.get("format_version") != FORMAT_VERSION:
-        raise RunDirError(f"{path} has checkpoint format {state.get('format_version')!r}; this trainwise reads "
-                          f"format {FORMAT_VERSION}.")
-    return state
-
-
 def training_state(trainer: "Trainer", *, tensors: bool = True) -> dict[str, Any]:
     """Everything a Trainer needs to continue exactly where it is (a collective under torchrun: the RNG
     states of every rank are gathered, so call it on all ranks). Without `tensors`: all but the model and
@@ -99,21 +72,6 @@ def training_state(trainer: "Trainer", *, tensors: bool = True) -> dict[str, Any
         "micro_batch_size": trainer.micro_batch_size,  # an out-of-memory recovery's choice survives resume
         **config_record(trainer.config),  # `config` and `config_hash`: resume refuses another config.yaml
     }
-
-
-def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict[str, Any]:
-    """A checkpoint's small entries (step, config, config_hash; a checkpoint from before config hashes has
-    no `config`) without reading its tensors: the state file of a sharded checkpoint, or the file mapped."""
-    if sharded:
-        state = read_checkpoint(run_dir.checkpoint_dirs.state_path(path))
-    else:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # an old-style (non-zip) file cannot be mapped: read it whole, with read's messages
-            state = None
-        if not isinstance(state, dict):
-            state = read_checkpoint(path)
-    return {key: state.get(key) for key in ("step", "config", "config_hash")}
 
 
 def restore_training_state(trainer: "Trainer", state: dict[str, Any]) -> None:

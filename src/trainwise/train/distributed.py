@@ -21,8 +21,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwise.errors import ConfigError, TrainingError
-from trainwise.run import RunDir
-from trainwise.run_checkpoint_dirs import CheckpointDirs
+from trainwise.rundir.layout import RunDir
+from trainwise.rundir.checkpoint_dirs import CheckpointDirs
 
 Strategy = Literal["single", "ddp", "fsdp"]
 
@@ -210,7 +210,7 @@ def gather_objects(obj: Any) -> list[Any]:
 class FollowerRunDir(RunDir):
     """The run directory as a rank other than 0 sees it: it reads what rank 0 wrote and writes nothing."""
 
-    def initialise(self, *, overwrite: bool = False) -> "RunDir":
+    def initialise(self, *, overwrite: bool = False, inputs=()) -> "RunDir":
         return self
 
     def acquire_writer(self) -> "RunDir":

@@ -10,13 +10,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainwise.errors import ConfigError, TrainingError
-
-if TYPE_CHECKING:
-    from trainwise.config import RunConfig
 
 STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a signal, checkpointed, resumable
 
@@ -55,19 +50,6 @@ class Launch:
 def inside_a_launch() -> bool:
     """Already one rank of a torchrun job: a `--nproc` given again must not launch ranks of ranks."""
     return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
-
-
-def check_before_launch(config: "RunConfig", ranks: int, out: Path | None = None, *, overwrite: bool = False) -> None:
-    """What the launcher can refuse before any rank starts (a ConfigError or RunDirError, said once): a batch
-    the ranks cannot share, a strategy that does not fit the job, an `--out` that holds files."""
-    from trainwise.train.distributed import Ranks, resolve_strategy
-
-    config.train.micro_batch_for(ranks)
-    resolve_strategy(config.train.strategy, Ranks(world_size=ranks))
-    if out is not None:
-        from trainwise.run import RunDir
-
-        RunDir.refuse_existing(out, overwrite=overwrite)
 
 
 def launch(command: list[str], plan: Launch) -> int:

@@ -4,16 +4,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from trainwise.config import ScheduleConfig
+from trainwise.config import ScheduleConfig, warmup_steps
 
 if TYPE_CHECKING:  # the schedule's numbers are pure; readers (report, diagnose) use them without torch
     import torch
-
-
-def warmup_steps(schedule: ScheduleConfig, max_steps: int) -> int:
-    if schedule.warmup_fraction is not None:
-        return int(round(schedule.warmup_fraction * max_steps))
-    return schedule.warmup_steps
 
 
 def lr_factor(step: int, *, warmup: int, max_steps: int, decay: str, min_ratio: float) -> float:

@@ -25,11 +25,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_state_dict)
 
 from trainwise.errors import RunDirError
-from trainwise.run_integrity import CheckpointChoice
+from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.train.distributed import barrier, broadcast_from_main
 
 if TYPE_CHECKING:
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
     from trainwise.train.trainer import Trainer
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
-from trainwise.train.precision import Precision, autocast
+from trainwise.runtime.precision import Precision, autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MicroBatch = tuple[torch.Tensor, torch.Tensor]

@@ -11,10 +11,10 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainwise import run_records
+from trainwise.rundir import records as run_records
 
 if TYPE_CHECKING:
-    from trainwise.run import RunDir
+    from trainwise.rundir.layout import RunDir
     from trainwise.train.trainer import Trainer
 
 # what a train record says about the model and optimizer; its timing fields are summarised under `timings`

@@ -29,18 +29,18 @@ from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import RunDirWarning, TrainingError
-from trainwise.run import RunDir
+from trainwise.rundir.layout import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.callbacks import Callback, CallbackList
-from trainwise.train.device import resolve_device
+from trainwise.runtime.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
                                          resolve_strategy, wrap_model)
 from trainwise.train.early_stop import EarlyStopping
-from trainwise.train.evaluation import headline_metrics, predict
+from trainwise.runtime.inference import headline_metrics, predict
 from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_module
 from trainwise.train.optim import build_optimizer
-from trainwise.train.precision import autocast, enable_tf32, make_scaler, resolve_precision
+from trainwise.runtime.precision import autocast, enable_tf32, make_scaler, resolve_precision
 from trainwise.train.recovery import OomGuard, recover_from_oom
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler

@@ -1,0 +1,100 @@
+"""`trainwise check RECIPE`: the sanity checks before training, each result a finding.
+
+    from trainwise.check.sanity import sanity_check
+    findings = sanity_check(load_recipe("digits"))      # worst first; any "error" means: do not train yet
+
+Builds the recipe's data and a fresh model the way `train` does, then checks the labels and inputs of each
+split (diagnose/sanity_data.py) and runs the overfit-one-batch probe (diagnose/sanity_probe.py). Fast by
+design: at most MAX_ROWS rows of each split are read, and the probe is a few dozen steps on one batch.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from trainwise.config import RunConfig
+from trainwise.diagnose.findings import Finding, worst_first
+from trainwise.diagnose.sanity_data import SplitData, data_findings
+from trainwise.check.overfit_one_batch import overfit_one_batch
+
+# Rows read per split: enough to see the label distribution, a NaN or a duplicate of any built-in data set
+# whole, and a large prepared one in well under a second.
+MAX_ROWS = 50_000
+PROBE_ROWS = 64  # one batch: the recipe's batch size, capped so the probe stays fast on the CPU
+
+
+def sanity_check(config: RunConfig, bundle: Any = None) -> list[Finding]:
+    """Every sanity finding for `config`, worst first. `bundle`: the DataBundle when the caller has built it
+    already (`train` has); built from the config otherwise. Bad labels raise DataError (exit 2).
+
+    Leaves the random state as it found it, so a run trained after its check starts from the same weights
+    as one trained without it."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        return _sanity_check(config, bundle)
+
+
+def raise_for_errors(findings: list[Finding]) -> None:
+    """For `train`: a DataError (exit 2) naming each error-severity finding, so a run that cannot learn is not
+    started; warnings pass (the caller logs them). `train.sanity=false` skips the checks altogether."""
+    from trainwise.errors import DataError
+
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        lines = [f"{f.code}: {f.title}" + (f" ({f.fixes[0]})" if f.fixes else "") for f in errors]
+        raise DataError("the sanity checks found what would make this run fail:\n  " + "\n  ".join(lines) +
+                        "\nSee every finding with `trainwise check RECIPE [overrides]`; to train anyway, set "
+                        "train.sanity=false.")
+
+
+def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
+    from trainwise.data.bundle import check_labels
+    from trainwise.recipes.factories import build_data, build_model
+    from trainwise.runtime.device import resolve_device
+    from trainwise.train.optim import build_optimizer
+    from trainwise.runtime.precision import resolve_precision
+    from trainwise.train.step import default_loss
+
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    bundle = bundle if bundle is not None else build_data(config)
+    check_labels(bundle)
+    spec = bundle.spec
+    splits = [split_data(name, dataset) for name, dataset in
+              (("train", bundle.train), ("val", bundle.val), ("test", bundle.test)) if dataset is not None]
+    findings = data_findings(splits, task=spec.task, num_classes=spec.num_classes, class_names=spec.class_names)
+    train = splits[0]
+    rows = min(config.train.batch_size, PROBE_ROWS, len(train.inputs))
+    torch.manual_seed(config.seed)
+    model = build_model(config, spec)
+    device = resolve_device(config.train.device)
+    findings.append(overfit_one_batch(
+        model, train.inputs[:rows], train.targets[:rows], optimizer=build_optimizer(model.to(device), config.optim),
+        loss_fn=default_loss(spec.task, config.train.label_smoothing),
+        precision=resolve_precision(config.train.precision, device), device=device,
+        grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name))
+    elapsed = time.perf_counter() - started
+    return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
+
+
+def split_data(name: str, dataset: Any, limit: int = MAX_ROWS) -> SplitData:
+    """The first `limit` rows of a dataset as tensors: the whole-tensor fast path of ArrayDataset, a batched
+    `__getitems__`, or sample by sample."""
+    inputs, targets = getattr(dataset, "inputs", None), getattr(dataset, "targets", None)
+    if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor):
+        return SplitData(name, inputs[:limit], targets[:limit])
+    indices = list(range(min(len(dataset), limit)))
+    if hasattr(dataset, "__getitems__"):
+        inputs, targets = dataset.__getitems__(indices)
+    else:
+        pairs = [dataset[i] for i in indices]
+        inputs = torch.stack([torch.as_tensor(x) for x, _ in pairs])
+        targets = torch.stack([torch.as_tensor(y) for _, y in pairs])
+    return SplitData(name, torch.as_tensor(inputs), torch.as_tensor(targets))
+
+
+def _timed(finding: Finding, elapsed: float) -> Finding:
+    return Finding(finding.code, finding.severity, finding.title, finding.detail,
+                   {**finding.evidence, "check_seconds": elapsed}, finding.fixes, finding.step)

@@ -1,0 +1,294 @@
+"""The `trainwise` command: one Typer app. Each command parses its arguments, calls one function of the
+package that owns the work, and prints. A TrainwiseError becomes its message and exit code 2."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
+from trainwise.train.launch import Launch, inside_a_launch, launch
+
+try:  # typer ≥ 0.29 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer depends on click itself
+    from click.exceptions import ClickException
+
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help prints a type after every option, flags included (`--json <bool>`, `--help <bool>`),
+    as if they took a value. A flag's type is shown as nothing."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_trainwise_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and not self.count else shown(self, ctx)
+
+    display_type_rich._trainwise_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
+app = typer.Typer(
+    name="trainwise",
+    help="Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+OVERRIDES_HELP = "Dotted overrides of the recipe, e.g. optim.lr=3e-4 train.max_steps=200."
+
+
+@app.command()
+def recipes(as_json: bool = typer.Option(False, "--json", help="Print {recipe: description} as JSON.")) -> None:
+    """List the built-in recipes."""
+    import json
+
+    from trainwise.recipes import list_recipes
+
+    if as_json:
+        typer.echo(json.dumps(list_recipes(), indent=2))
+        return
+    table = Table("recipe", "what it trains", box=None)
+    for name, description in list_recipes().items():
+        table.add_row(name, description.split(":", 1)[-1].strip())
+    console.print(table)
+
+
+def _override_reference() -> str:
+    from trainwise.config import field_reference
+
+    lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):", ""]
+    lines += [f"{key} = {default!r}: {description}" for key, default, description in field_reference()]
+    return "\n\n".join(lines)
+
+
+@app.command(epilog=_override_reference())
+def train(
+    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, help="Replace an earlier trainwise run in --out (moved aside, then deleted); anything else is refused."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node, started by "
+                                        "PyTorch's launcher (torchrun); train.strategy=auto asks the planner."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Machines in the job (with --rdzv-endpoint)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This machine's index, 0..nnodes-1."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches "
+                                                "(c10d rendezvous) for several machines."),
+) -> None:
+    """Train a recipe into a new run directory.
+
+    Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
+    with `trainwise resume`); 130 aborted by a second Ctrl-C; 2 bad input; 1 a failure."""
+    from trainwise.plan.auto_micro_batch import resolve_micro_batch
+    from trainwise.recipes import load_recipe
+    from trainwise.launch.runs import train_run
+
+    config = load_recipe(recipe, overrides or [])
+    recipe_file = Path(recipe) if Path(recipe).is_file() else None
+    if nproc is not None and not inside_a_launch():
+        from trainwise.launch.runs import check_before_launch
+
+        plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)
+        plan.check()
+        check_before_launch(config, plan.ranks, out, overwrite=overwrite, recipe_file=recipe_file)  # said once
+        extra = _planned_strategy(config, plan.ranks)
+        command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
+        raise typer.Exit(launch(command, plan))
+    with _run_dir_os_errors(out), _exit_code_of_the_run(out):
+        run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
+                        recipe_file=recipe_file)
+    _finish(run.read_summary(), run.path)
+
+
+def _planned_strategy(config, ranks: int) -> list[str]:
+    """`train.strategy: auto` on CUDA cards: the planner's choice for this card, said and passed on."""
+    import torch
+
+    if getattr(config.train, "strategy", "auto") != "auto" or ranks <= 1 or not torch.cuda.is_available():
+        return []
+    from trainwise.plan.strategy import strategy_for
+
+    props = torch.cuda.get_device_properties(0)
+    strategy, why = strategy_for(config, props.name, int(props.total_memory), ranks)
+    console.print(f"train.strategy=auto -> {strategy}: {why}")
+    return [f"train.strategy={strategy}"]
+
+
+@app.command()
+def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
+           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`."),
+           trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made "
+                                           "by someone else names (read its config.yaml first)."),
+           allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Accept edits of "
+                                                    "config.yaml that are safe mid-run (train.max_steps, "
+                                                    "logging, eval and checkpoint cadence, telemetry); other "
+                                                    "edits are refused either way.")) -> None:
+    """Continue a run from its last checkpoint with its saved config.
+
+    Exit codes: 0 completed; 75 stopped again by a signal (resume it again); 130 aborted by a second Ctrl-C;
+    2 bad input; 1 a failure."""
+    from trainwise.launch.runs import resume_run
+
+    if nproc is not None and not inside_a_launch():
+        from trainwise.launch.runs import check_before_launch
+        from trainwise.rundir.layout import RunDir
+
+        check_before_launch(RunDir.open(run_dir).read_config(), nproc)
+        command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
+            ["--allow-config-change"] if allow_config_change else [])
+        raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
+    with _exit_code_of_the_run(run_dir):
+        run = resume_run(run_dir, trust_code=trust_code, allow_config_change=allow_config_change)
+    _finish(run.read_summary(), run.path)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to create."),
+    overwrite: bool = typer.Option(False, help="Replace an earlier trainwise run in --out (moved aside, then deleted); anything else is refused."),
+) -> None:
+    """Train the `digits` recipe, evaluate it on its test split and say where the results are.
+
+    Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
+    with `trainwise resume`, then `trainwise eval`); 130 aborted by a second Ctrl-C; 2 bad input."""
+    from trainwise.cli.demo import demo_run
+
+    with _run_dir_os_errors(out), _exit_code_of_the_run(out):
+        run = demo_run(out, overwrite=overwrite, console=console)
+    summary = run.read_summary()
+    if summary.get("status") != "completed":
+        _finish(summary, run.path)
+
+
+@contextmanager
+def _run_dir_os_errors(out: Path) -> Iterator[None]:
+    """An OSError on `--out` itself or a file in it (`/proc/foo`, a read-only disk, a file in the way) is the
+    user's choice of place, not a trainwise bug: say so, with what the system said. Other OSErrors keep
+    their traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None or not _on_the_way(Path(os.fsdecode(error.filename)), out):
+            raise
+        raise RunDirError(f"--out {out}: cannot write the run directory there ({error.strerror or error}: "
+                          f"{os.fsdecode(error.filename)}). Choose a directory you can write to, "
+                          "e.g. --out runs/NAME.") from None
+
+
+def _on_the_way(path: Path, out: Path) -> bool:
+    """Whether `path` is `out`, a parent made for it, or a file inside it."""
+    path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
+    return path == out or out in path.parents or path in out.parents
+
+
+# A run stopped by a signal, checkpointed and resumable, is not a success: `train && eval` and job schedulers
+# must see it. 75 is sysexits' EX_TEMPFAIL ("try again later"); 130 is the shell's code for Ctrl-C.
+EXIT_STOPPED = 75
+EXIT_ABORTED = 130
+
+
+@contextmanager
+def _exit_code_of_the_run(path: Path) -> Iterator[None]:
+    """A second Ctrl-C aborts the run: say what the trainer recorded and exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from trainwise.rundir.layout import RunDir
+
+        try:
+            summary = RunDir(path).read_summary()
+        except Exception:  # nothing recorded yet (the abort came before the first step)
+            summary = {}
+        if summary.get("status") == "stopped":  # what the trainer wrote on the abort, not an older run's
+            _print_outcome(summary, Path(path))
+        else:
+            console.print("aborted before training started.")
+        raise typer.Exit(EXIT_ABORTED) from None
+
+
+def _speaks_for_the_job() -> bool:
+    """One process of a torchrun job prints its outcome and its bad-input errors: rank 0 (or a plain process)."""
+    if not inside_a_launch():
+        return True
+    from trainwise.train.distributed import launched_ranks
+
+    return launched_ranks().is_main
+
+
+def _finish(summary: dict, path: Path) -> None:
+    """Print the outcome (rank 0 of a job: the others would repeat it); a run stopped by a signal exits 75."""
+    if _speaks_for_the_job():
+        _print_outcome(summary, path)
+    if summary.get("status") == "stopped":
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def _print_outcome(summary: dict, path: Path) -> None:
+    status, message = summary.get("status", "?"), summary.get("message")
+    best = summary.get("best") or {}
+    if status == "completed" and message:  # an early stop: why it ended is the headline, not "completed"
+        value = f" ({best.get('metric')} = {best['value']:.4g})" if best.get("value") is not None else ""
+        console.print(f"[bold]{message}[/]{value}", highlight=False)
+    else:
+        line = f"[bold]{status}[/] after {summary.get('steps', 0)} steps"
+        if best.get("value") is not None:
+            line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
+        console.print(line)
+        if message:
+            console.print(message)
+    console.print(f"run directory: {path}")
+
+
+def _register_command_groups() -> None:
+    from trainwise.cli import data, diagnose, doctor, evaluate, plan, recsys, telemetry
+
+    for group in (plan, doctor, telemetry, data, diagnose, evaluate, recsys):
+        group.register(app)
+
+
+_register_command_groups()
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """trainwise's own warnings as one line for the person at the terminal; others as Python shows them."""
+    if issubclass(category, RunDirWarning):
+        return f"warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+_python_format_warning = warnings.formatwarning
+
+
+def main() -> None:
+    warnings.formatwarning = _format_warning
+    try:
+        code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
+    except TrainwiseError as error:
+        if error.exit_code != 2 or _speaks_for_the_job():  # bad input is the same on every rank: said once
+            message = Text("error: ", style="bold red") + Text(str(error))
+            Console(stderr=True, soft_wrap=True).print(message, highlight=False)
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except ClickException as e:  # usage errors: a missing argument, an unknown option
+        e.show()
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,22 @@
+"""Starting and resuming runs (`trainwise train`, `trainwise resume`, the library's `train_run`): build the data
+and the model a config names, run the sanity checks, train with the engine into a run directory.
+
+    from trainwise.launch import train_run, resume_run
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {"build_trainer": "runs", "train_run": "runs", "resume_run": "runs"}
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy: importing the package should not import torch."""
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"trainwise.launch.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'trainwise.launch' has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)
