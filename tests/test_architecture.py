@@ -52,6 +52,7 @@ NEVER: dict[tuple[str, str], str] = {
     ("train", "evaluate"): "the engine does not know who judges it",
 }
 TERMINAL_LIBRARIES = ("typer", "click")  # only the face (cli/) knows the terminal's argument parsing
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60  # a module holds one concept, a function does one thing
 
 
 def _module_name(path: Path, src: Path = SRC) -> str:
@@ -164,6 +165,25 @@ def test_typer_is_imported_only_by_the_face():
     assert terminal_imports() == []
 
 
+def oversized(src: Path = SRC) -> list[str]:
+    found = []
+    for path in sorted((src / "trainwise").rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{path.relative_to(src)}: {len(text.splitlines())} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(src)}:{node.lineno} {node.name}: {length} lines "
+                                 f"(at most {MAX_FUNCTION_LINES})")
+    return found
+
+
+def test_modules_and_functions_stay_small():
+    assert oversized() == []
+
+
 def test_every_room_on_disk_has_its_place():
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     rooms |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
@@ -213,6 +233,12 @@ def test_the_checker_finds_a_cycle_and_a_room_without_a_place(tmp_path):
                                 "extras/c.py": "from trainwise import errors\n"})
     assert ["data", "recipes", "data"] in cycles(src)
     assert any("'extras' is a room ALLOWED does not list" in problem for problem in violations(src))
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    src = _fake_tree(tmp_path, {"data/long.py": f"def long():\n{body}"})
+    assert oversized(src) == [f"trainwise/data/long.py:1 long: {MAX_FUNCTION_LINES + 1} lines (at most 60)"]
 
 
 def test_the_checker_finds_typer_outside_the_face(tmp_path):

@@ -7,7 +7,7 @@ for its zero start), and stop once the smoothed loss passes `DIVERGENCE_FACTOR` 
 point the curve says nothing more. The curve's rules and the suggestion are pure and live in
 trainwise.diagnose.lr_curve, which the report reads too.
 
-The step is the engine's own (train/step.py's TrainStep, built from the Trainer's optimizer, loss, scaler
+The step is the engine's own (train/step.py's TrainStep.from_config: the Trainer's optimizer, loss, scaler
 and clipping), so what the sweep measures is what `trainwise train` would run. The losses stay on the
 device and are read every `READ_EVERY` steps, to check for divergence, not once per step.
 
@@ -35,9 +35,8 @@ from trainwise.diagnose.lr_curve import (MAX_STEPS, MIN_STEPS, READ_EVERY, LrFin
 from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
-from trainwise.train.optim import build_optimizer
-from trainwise.runtime.precision import make_scaler, resolve_precision
-from trainwise.train.step import MicroBatch, TrainStep, default_loss
+from trainwise.runtime.precision import resolve_precision
+from trainwise.train.step import MicroBatch, TrainStep
 
 KNOWN_LOSSES = ("classification", "regression")  # the tasks default_loss knows
 
@@ -61,7 +60,7 @@ def sweep(model: nn.Module, train_data: Dataset, *, config: RunConfig, task: str
     check_has_loss(task, model)
     train = config.train
     micro_batch_size = train.micro_batch
-    accumulation_steps = train.batch_size // micro_batch_size
+    accumulation_steps = train.accumulation_steps
     samples = len(train_data)  # type: ignore[arg-type]
     batches_per_epoch = samples // micro_batch_size
     if batches_per_epoch < accumulation_steps:
@@ -72,10 +71,9 @@ def sweep(model: nn.Module, train_data: Dataset, *, config: RunConfig, task: str
     device = resolve_device(train.device)
     precision = resolve_precision(train.precision, device)
     probe = copy.deepcopy(model).to(device).train()
-    optimizer = build_optimizer(probe, config.optim)
-    step = TrainStep(probe, optimizer, loss_fn=default_loss(task, train.label_smoothing), precision=precision,
-                     device=device, accumulation_steps=accumulation_steps, grad_clip_norm=train.grad_clip_norm,
-                     scaler=make_scaler(precision, device), augment=augment)  # no scheduler: the sweep sets lr
+    step = TrainStep.from_config(probe, config, task=task, device=device, precision=precision,
+                                 accumulation_steps=accumulation_steps, augment=augment)  # no scheduler: the sweep sets lr
+    optimizer = step.optimizer
 
     lrs: list[float] = []
     losses: list[float] = []

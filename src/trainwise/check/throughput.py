@@ -1,7 +1,7 @@
 """What the model consumes: samples/s of a recipe's forward + backward + optimizer step on a batch already on
 the device, and `trainwise data bench`, which sets the loader's rates (data/bench.py) against it.
 
-The rate lives with the engine because it runs the engine's pieces (optimizer, precision, device); the data
+The rate lives above the engine because it runs the engine's pieces (optimizer, precision, device); the data
 room only receives it as a function.
 """
 from __future__ import annotations
@@ -16,9 +16,8 @@ from trainwise.data.bench import BenchResult, bench, default_recipe
 from trainwise.data.bundle import DataSpec
 from trainwise.data.shards import read_manifest
 from trainwise.runtime.device import resolve_device
-from trainwise.train.optim import build_optimizer
-from trainwise.runtime.precision import make_scaler, resolve_precision
-from trainwise.train.step import TrainStep, default_loss
+from trainwise.runtime.precision import resolve_precision
+from trainwise.train.step import TrainStep
 
 
 def model_rate(config: RunConfig, spec: DataSpec, batch: tuple[torch.Tensor, torch.Tensor], *,
@@ -27,13 +26,10 @@ def model_rate(config: RunConfig, spec: DataSpec, batch: tuple[torch.Tensor, tor
     clipping) on one real batch of the training data, already on `device`."""
     from trainwise.recipes.factories import build_model
 
-    train = config.train
-    precision = resolve_precision(train.precision, device)  # bf16 on a recent GPU, as in training
+    precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
     model = build_model(config, spec).to(device)
-    train_step = TrainStep(model, build_optimizer(model, config.optim),
-                           loss_fn=default_loss(spec.task, train.label_smoothing), precision=precision,
-                           device=device, accumulation_steps=1, grad_clip_norm=train.grad_clip_norm,
-                           scaler=make_scaler(precision, device))
+    train_step = TrainStep.from_config(model, config, task=spec.task, device=device, precision=precision,
+                                       accumulation_steps=1)
     inputs, targets = (t.to(device) for t in batch)
     batch_size = len(inputs)
 

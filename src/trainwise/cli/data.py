@@ -59,6 +59,11 @@ def prepare(
         task_id = bar.add_task("prepare", total=None)
         result = run_prepare(source, to, options, workers=workers, force=force,
                              progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    _print_prepared(result, to)
+
+
+def _print_prepared(result, to: Path) -> None:
+    """What `prepare` did: its warnings, the splits written (or that nothing was to do), what was skipped."""
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     manifest = result.manifest

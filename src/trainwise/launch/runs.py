@@ -85,7 +85,7 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
         trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
         if main:
             run.initialise(overwrite=overwrite, inputs=inputs)  # an --out that cannot be written: the error to show
-            warning = run.check_free_space(trainer.checkpoint_bytes(), config.checkpoint.keep_last)
+            warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
             if warning:
                 warnings.warn(warning, RunDirWarning, stacklevel=2)
             if auto is not None:

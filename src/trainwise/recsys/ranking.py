@@ -86,15 +86,7 @@ def full_ranking(score_items: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         target_score = scores[row_of, target].clone()
         allowed = torch.full((len(index),), num_items, device=device)
         if exclude_seen:
-            seen_items = [np.unique(seen(int(i))) for i in index]
-            lengths = torch.as_tensor([len(s) for s in seen_items], device=device)
-            if int(lengths.sum()):
-                columns = torch.as_tensor(np.concatenate(seen_items), device=device)
-                scores[torch.repeat_interleave(row_of, lengths), columns] = -torch.inf
-            target_seen = torch.as_tensor([int(t) in set(s.tolist()) for t, s in zip(target.tolist(), seen_items)],
-                                          device=device)
-            scores[row_of, target] = target_score
-            allowed = allowed - lengths + target_seen.long()
+            allowed = allowed - _mask_seen(scores, target, target_score, [np.unique(seen(int(i))) for i in index])
         rank = tie_split_rank(scores, target_score)
         ranks.append(rank.cpu().numpy())
         candidates.append(allowed.cpu().numpy())
@@ -122,6 +114,21 @@ def full_ranking(score_items: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         metrics["sampled_protocol"] = (f"SAMPLED: the target among {sampled_negatives} random unseen items; "
                                        "flatters every model, not comparable with full-ranking figures")
     return metrics, rows
+
+
+def _mask_seen(scores: torch.Tensor, target: torch.Tensor, target_score: torch.Tensor,
+               seen_items: list[np.ndarray]) -> torch.Tensor:
+    """Score each user's already-seen items -inf, in place (the target keeps its score); per row, how many
+    items that took out of the candidates."""
+    device, row_of = scores.device, torch.arange(len(seen_items), device=scores.device)
+    lengths = torch.as_tensor([len(s) for s in seen_items], device=device)
+    if int(lengths.sum()):
+        columns = torch.as_tensor(np.concatenate(seen_items), device=device)
+        scores[torch.repeat_interleave(row_of, lengths), columns] = -torch.inf
+    target_seen = torch.as_tensor([int(t) in set(s.tolist()) for t, s in zip(target.tolist(), seen_items)],
+                                  device=device)
+    scores[row_of, target] = target_score
+    return lengths - target_seen.long()
 
 
 def _sampled_rank(scores: torch.Tensor, target: torch.Tensor, target_score: torch.Tensor, negatives: int,

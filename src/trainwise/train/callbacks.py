@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from trainwise.config import RunConfig
     from trainwise.train.trainer import Trainer
 
 
@@ -65,3 +66,20 @@ class CallbackList(Callback):
     def on_fit_end(self, trainer, summary):
         for c in self.callbacks:
             c.on_fit_end(trainer, summary)
+
+
+def default_callbacks(config: "RunConfig") -> list[Callback]:
+    """What every run has on its main rank: the progress display, live diagnosis, the non-finite validation
+    check, TensorBoard when installed, telemetry when enabled."""
+    from trainwise.train.live_diagnosis import LiveDiagnosis
+    from trainwise.train.nonfinite_validation import NonFiniteValidation
+    from trainwise.train.progress import ProgressDisplay, TensorBoardLog
+
+    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis(), NonFiniteValidation()]
+    if TensorBoardLog.available():
+        callbacks.append(TensorBoardLog())
+    if config.telemetry.enabled:
+        from trainwise.train.telemetry_callback import TelemetryCallback  # lazy: no NVML import when off
+
+        callbacks.append(TelemetryCallback(config.telemetry))
+    return callbacks

@@ -5,12 +5,14 @@ the data position (epoch + batch). The file format (and reading one back) is run
 RunDir writes it atomically.
 
 Two layouts, chosen by train.strategy: one file written by rank 0 (single, ddp: every rank holds the whole
-model), or a sharded directory every rank writes its part of (fsdp, train/sharded_checkpoint.py). `save`,
-`choose`, `load`, `restore_best` and `final_weights` pick the layout; the Trainer only calls them.
+model), or a sharded directory every rank writes its part of (fsdp, train/sharded_checkpoint.py). The
+Checkpointer is built once from the parts it saves and chooses the layout in one place (`_sharded`); the
+Trainer only calls `save`, `choose`, `load`, `restore_best` and `final_weights`.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +25,18 @@ from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 
 if TYPE_CHECKING:
+    from trainwise.config import RunConfig
     from trainwise.rundir.layout import RunDir
-    from trainwise.train.trainer import Trainer
+    from trainwise.train.distributed import Ranks
+    from trainwise.train.early_stop import EarlyStopping
+    from trainwise.train.state import TrainState
+
+
+def checkpoint_bytes(model: torch.nn.Module, trainable: list[torch.nn.Parameter], optimizer_name: str) -> int:
+    """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
+    weights = sum(t.nbytes for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    moments = {"adamw": 2, "adam": 2, "sgd": 1}.get(optimizer_name, 2)
+    return weights + moments * sum(p.nbytes for p in trainable)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -51,114 +63,125 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_state(trainer: "Trainer", *, tensors: bool = True) -> dict[str, Any]:
-    """Everything a Trainer needs to continue exactly where it is (a collective under torchrun: the RNG
-    states of every rank are gathered, so call it on all ranks). Without `tensors`: all but the model and
-    optimizer, which a sharded checkpoint stores apart."""
-    from trainwise.train.distributed import gather_objects
+class Checkpointer:
+    """Everything a run needs to continue exactly where it is: the model, optimizer, scheduler, scaler, early
+    stopping, the TrainState and every rank's RNG. Under torchrun each method is a collective: call it on
+    every rank. `resize(micro_batch_size)` is how a restored out-of-memory choice reaches the Trainer."""
 
-    weights = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()} if tensors else {}
-    return {
-        **weights,
-        "scheduler": trainer.scheduler.state_dict(),
-        "scaler": trainer.scaler.state_dict(),
-        "early_stopping": trainer.early_stopping.state_dict(),
-        "rng": capture_rng(),
-        "rng_per_rank": gather_objects(capture_rng()) if trainer.ranks.enabled else [],
-        "data_position": {"epoch": trainer.epoch, "batch": trainer.batch_in_epoch},
-        "step": trainer.step,
-        "epoch": trainer.epoch,
-        "skipped_steps": trainer.skipped_steps,
-        "micro_batch_size": trainer.micro_batch_size,  # an out-of-memory recovery's choice survives resume
-        **config_record(trainer.config),  # `config` and `config_hash`: resume refuses another config.yaml
-    }
+    def __init__(self, run_dir: "RunDir", config: "RunConfig", *, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                 early_stopping: "EarlyStopping", state: "TrainState", ranks: "Ranks", sharded: bool,
+                 resize: Callable[[int], None]):
+        self.run_dir, self.config, self.model, self.optimizer = run_dir, config, model, optimizer
+        self.scheduler, self.scaler, self.early_stopping = scheduler, scaler, early_stopping
+        self.state, self.ranks, self.resize = state, ranks, resize
+        self._sharded = sharded  # the one place file vs sharded storage is decided
 
+    def size_bytes(self) -> int:
+        """About what one checkpoint takes on disk (`checkpoint_bytes`), for the free-space check."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return checkpoint_bytes(self.model, trainable, self.config.optim.name)
 
-def restore_training_state(trainer: "Trainer", state: dict[str, Any]) -> None:
-    if "model" in state:  # a sharded checkpoint's tensors are already loaded
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
-    scheduler = state["scheduler"]
-    trainer.scheduler.load_state_dict({**scheduler, "lr_lambdas": [None] * len(scheduler.get("lr_lambdas", []))})
-    trainer.scaler.load_state_dict(state["scaler"])
-    trainer.early_stopping.load_state_dict(state["early_stopping"])
-    per_rank = state.get("rng_per_rank") or []
-    restore_rng(per_rank[trainer.ranks.rank] if len(per_rank) == trainer.ranks.world_size else state["rng"])
-    trainer.epoch = state["data_position"]["epoch"]
-    trainer.batch_in_epoch = state["data_position"]["batch"]
-    trainer.step = state["step"]
-    trainer.skipped_steps = state["skipped_steps"]
-    if state.get("micro_batch_size", trainer.micro_batch_size) != trainer.micro_batch_size:
-        trainer.set_micro_batch(state["micro_batch_size"])
+    def training_state(self, *, tensors: bool = True) -> dict[str, Any]:
+        """The checkpoint's contents (the RNG states of every rank are gathered). Without `tensors`: all but
+        the model and optimizer, which a sharded checkpoint stores apart."""
+        from trainwise.train.distributed import gather_objects
 
+        weights = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()} if tensors else {}
+        state = self.state
+        return {
+            **weights,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "early_stopping": self.early_stopping.state_dict(),
+            "rng": capture_rng(),
+            "rng_per_rank": gather_objects(capture_rng()) if self.ranks.enabled else [],
+            "data_position": {"epoch": state.epoch, "batch": state.batch_in_epoch},
+            "step": state.step,
+            "epoch": state.epoch,
+            "skipped_steps": state.skipped_steps,
+            "micro_batch_size": state.micro_batch_size,  # an out-of-memory recovery's choice survives resume
+            **config_record(self.config),  # `config` and `config_hash`: resume refuses another config.yaml
+        }
 
-# ---- the layout a strategy keeps: the Trainer's only entry points ------------------------------------------
-def save(trainer: "Trainer", *, is_best: bool) -> Path:
-    """Checkpoint the trainer's current step; a collective under torchrun (call it on every rank)."""
-    if trainer.sharded:
-        from trainwise.train import sharded_checkpoint
+    def restore(self, saved: dict[str, Any]) -> None:
+        if "model" in saved:  # a sharded checkpoint's tensors are already loaded
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+        # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
+        scheduler = saved["scheduler"]
+        self.scheduler.load_state_dict({**scheduler, "lr_lambdas": [None] * len(scheduler.get("lr_lambdas", []))})
+        self.scaler.load_state_dict(saved["scaler"])
+        self.early_stopping.load_state_dict(saved["early_stopping"])
+        per_rank = saved.get("rng_per_rank") or []
+        restore_rng(per_rank[self.ranks.rank] if len(per_rank) == self.ranks.world_size else saved["rng"])
+        self.state.load_state_dict({"epoch": saved["data_position"]["epoch"],
+                                    "batch_in_epoch": saved["data_position"]["batch"], "step": saved["step"],
+                                    "skipped_steps": saved["skipped_steps"]})
+        if saved.get("micro_batch_size", self.state.micro_batch_size) != self.state.micro_batch_size:
+            self.resize(saved["micro_batch_size"])
 
-        state = training_state(trainer, tensors=False)
-        return sharded_checkpoint.save(trainer, checkpoint_writer(state), is_best=is_best)
-    return trainer.run_dir.save_checkpoint(trainer.step, checkpoint_writer(training_state(trainer)), is_best=is_best,
-                                           keep_last=trainer.config.checkpoint.keep_last)
+    def save(self, *, is_best: bool) -> Path:
+        """Checkpoint the current step."""
+        if self._sharded:
+            from trainwise.train import sharded_checkpoint
+
+            write = checkpoint_writer(self.training_state(tensors=False))
+            return sharded_checkpoint.save(self.run_dir, self.model, self.optimizer, self.ranks, self.state.step,
+                                           write, is_best=is_best, keep_last=self.config.checkpoint.keep_last)
+        return self.run_dir.save_checkpoint(self.state.step, checkpoint_writer(self.training_state()),
+                                            is_best=is_best, keep_last=self.config.checkpoint.keep_last)
+
+    def choose(self) -> CheckpointChoice:
+        """The checkpoint a resume continues from (`latest_checkpoint`), the same on every rank."""
+        if self._sharded:
+            from trainwise.train import sharded_checkpoint
+
+            return sharded_checkpoint.choose(self.run_dir, self.ranks)
+        return latest_checkpoint(self.run_dir, sharded=False)
+
+    def load(self, path: Path) -> None:
+        """Continue from the checkpoint at `path`."""
+        if self._sharded:
+            from trainwise.train import sharded_checkpoint
+
+            self.restore(sharded_checkpoint.load(self.run_dir, self.model, self.optimizer, path))
+        else:
+            self.restore(read_checkpoint(path))
+
+    def restore_best(self) -> bool:
+        """Put the best step's weights back when early stopping asks for it; whether it did."""
+        es, best_step = self.config.eval.early_stopping, self.early_stopping.best_step
+        if not (es.enabled and es.restore_best) or best_step is None or best_step == self.state.step:
+            return False
+        if self._sharded:  # every rank knows best_step (ranks evaluate alike); rotation keeps what `best` names
+            from trainwise.train import sharded_checkpoint
+
+            sharded_checkpoint.load_model(self.model, self.run_dir.checkpoint_dirs.path(best_step))
+            return True
+        best = self.run_dir.checkpoint_path("best")
+        if not best.exists():
+            return False
+        try:
+            self.run_dir.verify(best)
+        except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
+            self.run_dir.log_event("best_damaged", str(damage), severity="warning", step=self.state.step)
+            return False
+        self.model.load_state_dict(read_checkpoint(best)["model"])
+        return True
+
+    def final_weights(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights for model.safetensors (gathered to rank 0 when sharded)."""
+        if self._sharded:
+            from trainwise.train import sharded_checkpoint
+
+            return sharded_checkpoint.full_model_state(self.model, sharded=torch.distributed.is_initialized())
+        return self.model.state_dict()
 
 
 def latest_checkpoint(run_dir: "RunDir", sharded: bool) -> CheckpointChoice:
-    """The checkpoint a resume continues from; RunDirError when there is none to trust."""
+    """The one rule for the checkpoint a resume continues from (RunDirError when there is none to trust):
+    `last`, or the newest step whose checksum verifies; for sharded runs, the newest complete directory."""
     if sharded:
-        from trainwise.train import sharded_checkpoint
-
-        return sharded_checkpoint.latest(run_dir)
-    return run_dir.latest_intact_checkpoint()  # `last`, or the newest step whose checksum verifies
-
-
-def choose(trainer: "Trainer") -> CheckpointChoice:
-    """`latest_checkpoint`, the same on every rank."""
-    if trainer.sharded:
-        from trainwise.train import sharded_checkpoint
-
-        return sharded_checkpoint.choose(trainer)
-    return latest_checkpoint(trainer.run_dir, sharded=False)
-
-
-def load(trainer: "Trainer", path: Path) -> None:
-    """Continue from the checkpoint at `path` (a collective for sharded checkpoints)."""
-    if trainer.sharded:
-        from trainwise.train import sharded_checkpoint
-
-        restore_training_state(trainer, sharded_checkpoint.load(trainer, path))
-    else:
-        restore_training_state(trainer, read_checkpoint(path))
-
-
-def restore_best(trainer: "Trainer") -> bool:
-    """Put the best step's weights back when early stopping asks for it; whether it did."""
-    es, best_step = trainer.config.eval.early_stopping, trainer.early_stopping.best_step
-    if not (es.enabled and es.restore_best) or best_step is None or best_step == trainer.step:
-        return False
-    if trainer.sharded:  # every rank knows best_step (ranks evaluate alike); rotation keeps what `best` names
-        from trainwise.train import sharded_checkpoint
-
-        sharded_checkpoint.load_model(trainer.model, trainer.run_dir.checkpoint_dirs.path(best_step))
-        return True
-    best = trainer.run_dir.checkpoint_path("best")
-    if not best.exists():
-        return False
-    try:
-        trainer.run_dir.verify(best)
-    except DamagedFileError as damage:  # keep the final weights rather than load damaged ones
-        trainer.run_dir.log_event("best_damaged", str(damage), severity="warning", step=trainer.step)
-        return False
-    trainer.model.load_state_dict(read_checkpoint(best)["model"])
-    return True
-
-
-def final_weights(trainer: "Trainer") -> dict[str, torch.Tensor]:
-    """The whole model's weights for model.safetensors (gathered to rank 0 when sharded; a collective)."""
-    if trainer.sharded:
-        from trainwise.train import sharded_checkpoint
-
-        return sharded_checkpoint.full_model_state(trainer.model, sharded=torch.distributed.is_initialized())
-    return trainer.model.state_dict()
+        return run_dir.checkpoint_dirs.latest(run_dir.path)
+    return run_dir.latest_intact_checkpoint()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,11 @@ class HealthReading:
     first_nonfinite_grad_norm: float | None
     longest_skip_streak: int  # most updates skipped in a row since the last reading
     nonfinite_target_steps: int = 0  # steps whose (floating-point) targets held NaN/Inf, since the last reading
+
+    def evidence(self, module: str | None, *, lr: float) -> dict[str, Any]:
+        """The `nonfinite` event's evidence: the first bad step's numbers, the module that went first."""
+        return {"module": module, "loss": self.first_nonfinite_loss, "grad_norm": self.first_nonfinite_grad_norm,
+                "nonfinite_steps": self.nonfinite_steps, "longest_skip_streak": self.longest_skip_streak, "lr": lr}
 
 
 class StepHealth:

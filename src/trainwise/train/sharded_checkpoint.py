@@ -3,7 +3,7 @@
 A checkpoint is a directory (RunDir.checkpoint_dirs): every rank writes its shards of the model and the
 optimizer state there, in parallel, and rank 0 adds the small rest of the training state (scheduler, scaler,
 early stopping, every rank's RNG, the data position, the run's config and its hash, which `resume` compares
-with config.yaml: train/checkpoint.py's `training_state` without the tensors). The directory is written hidden, then renamed into place by rank 0 after all ranks are done, so
+with config.yaml: the Checkpointer's `training_state` without the tensors). The directory is written hidden, then renamed into place by rank 0 after all ranks are done, so
 `last` always names a whole checkpoint.
 
 DCP stores each tensor with its global shape and reshards on load: a checkpoint written by N ranks loads
@@ -25,12 +25,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_state_dict)
 
 from trainwise.errors import RunDirError
+from trainwise.rundir.checkpoint_files import read_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.train.distributed import barrier, broadcast_from_main
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
-    from trainwise.train.trainer import Trainer
+    from trainwise.train.distributed import Ranks
 
 
 @contextmanager
@@ -41,34 +42,32 @@ def _one_process_is_intended() -> Iterator[None]:
         yield
 
 
-def save(trainer: "Trainer", write_state: Callable[[Any], Any], *, is_best: bool) -> Path:
-    """Write the checkpoint of `trainer.step`: the shards from every rank, the rest (`write_state(file)`)
-    from rank 0."""
-    dirs = trainer.run_dir.checkpoint_dirs
-    partial = dirs.begin(trainer.step)  # rank 0 clears a killed save's leftovers and makes the directory
-    barrier(trainer.ranks)  # ... before any rank writes into it
-    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+def save(run_dir: "RunDir", model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: "Ranks", step: int,
+         write_state: Callable[[Any], Any], *, is_best: bool, keep_last: int) -> Path:
+    """Write the checkpoint of `step`: the shards from every rank, the rest (`write_state(file)`) from rank 0."""
+    dirs = run_dir.checkpoint_dirs
+    partial = dirs.begin(step)  # rank 0 clears a killed save's leftovers and makes the directory
+    barrier(ranks)  # ... before any rank writes into it
+    model_state, optimizer_state = get_state_dict(model, optimizer)
     with _one_process_is_intended():
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
     dirs.write_state(partial, write_state)
-    path = dirs.commit(trainer.step, is_best=is_best, keep_last=trainer.config.checkpoint.keep_last)
-    barrier(trainer.ranks)  # nobody goes on (or stops) before the checkpoint is committed
+    path = dirs.commit(step, is_best=is_best, keep_last=keep_last)
+    barrier(ranks)  # nobody goes on (or stops) before the checkpoint is committed
     return path
 
 
-def load(trainer: "Trainer", directory: Path) -> dict[str, Any]:
-    """Load the model and optimizer shards into `trainer` (resharded to this many ranks); return the rest
-    of the training state for train/checkpoint.py to restore."""
-    from trainwise.train.checkpoint import read_checkpoint
-
+def load(run_dir: "RunDir", model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         directory: Path) -> dict[str, Any]:
+    """Load the model and optimizer shards (resharded to this many ranks); return the rest of the training
+    state for train/checkpoint.py's Checkpointer to restore."""
     # the current state dicts are the templates DCP fills: their shapes and shardings say what to read
-    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
     loaded = {"model": model_state, "optimizer": optimizer_state}
     with _one_process_is_intended():
         dcp.load(loaded, checkpoint_id=directory)
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=loaded["model"],
-                   optim_state_dict=loaded["optimizer"])
-    return read_checkpoint(trainer.run_dir.checkpoint_dirs.state_path(directory))
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+    return read_checkpoint(run_dir.checkpoint_dirs.state_path(directory))
 
 
 def load_model(model: torch.nn.Module, directory: Path) -> None:
@@ -86,20 +85,17 @@ def full_model_state(model: torch.nn.Module, sharded: bool) -> dict[str, torch.T
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def latest(run_dir: "RunDir") -> CheckpointChoice:
-    """The checkpoint to resume from, as rank 0 sees it (RunDirError when there is none)."""
-    return run_dir.checkpoint_dirs.latest(run_dir.path)
+def choose(run_dir: "RunDir", ranks: "Ranks") -> CheckpointChoice:
+    """The same checkpoint on every rank: rank 0 chooses (checkpoint.latest_checkpoint), the others follow
+    (a rank on another machine, or behind an NFS cache, could see another `last`)."""
+    from trainwise.train.checkpoint import latest_checkpoint
 
-
-def choose(trainer: "Trainer") -> CheckpointChoice:
-    """The same checkpoint on every rank: rank 0 chooses, the others follow (a rank on another machine, or
-    behind an NFS cache, could see another `last`)."""
-    if not trainer.ranks.enabled:
-        return latest(trainer.run_dir)
+    if not ranks.enabled:
+        return latest_checkpoint(run_dir, sharded=True)
     choice: CheckpointChoice | RunDirError | None = None
-    if trainer.ranks.is_main:
+    if ranks.is_main:
         try:
-            choice = latest(trainer.run_dir)
+            choice = latest_checkpoint(run_dir, sharded=True)
         except RunDirError as error:  # every rank raises it, rather than the others waiting for a choice
             choice = error
     choice = broadcast_from_main(choice)

@@ -15,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from trainwise.errors import ModelCallError, TrainwiseError
 from trainwise.runtime.precision import Precision, autocast
+
+if TYPE_CHECKING:
+    from trainwise.config import RunConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -178,3 +182,19 @@ class TrainStep:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next forward
         return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), skipped=skipped)
+
+    @classmethod
+    def from_config(cls, model: nn.Module, config: "RunConfig", *, task: str, device: torch.device,
+                    precision: Precision, accumulation_steps: int, loss_fn: LossFn | None = None,
+                    **wiring) -> "TrainStep":
+        """The step `config` describes, built by the same factories wherever a step runs (the Trainer, lr-find,
+        data bench's model rate): its optimizer (train/optim.py), its loss (`default_loss` of the task unless
+        `loss_fn`), its scaler, its clipping. `wiring` is the Trainer's: scheduler, forward, no_sync, augment."""
+        from trainwise.runtime.precision import make_scaler
+        from trainwise.train.optim import build_optimizer
+
+        return cls(model, build_optimizer(model, config.optim),
+                   loss_fn=loss_fn or default_loss(task, config.train.label_smoothing), precision=precision,
+                   device=device, accumulation_steps=accumulation_steps, grad_clip_norm=config.train.grad_clip_norm,
+                   scaler=make_scaler(precision, device), model_name=config.model.factory or config.model.name,
+                   **wiring)

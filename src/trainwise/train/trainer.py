@@ -24,14 +24,15 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwise.config import RunConfig
+from trainwise.config import RunConfig, accumulation_steps
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
 from trainwise.errors import RunDirWarning, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.train import checkpoint as ckpt
-from trainwise.train.callbacks import Callback, CallbackList
+from trainwise.train.cadence import Cadence
+from trainwise.train.callbacks import Callback, CallbackList, default_callbacks
 from trainwise.runtime.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
                                          resolve_strategy, wrap_model)
@@ -39,12 +40,12 @@ from trainwise.train.early_stop import EarlyStopping
 from trainwise.runtime.inference import headline_metrics, predict
 from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_module
-from trainwise.train.optim import build_optimizer
-from trainwise.runtime.precision import autocast, enable_tf32, make_scaler, resolve_precision
+from trainwise.runtime.precision import autocast, enable_tf32, resolve_precision
 from trainwise.train.recovery import OomGuard, recover_from_oom
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
+from trainwise.train.state import TrainState
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
 from trainwise.train.timing import StepTimer
@@ -56,77 +57,107 @@ class Trainer:
                  loss_fn: LossFn | None = None, data_spec: DataSpec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
-        # one process, or one rank of a torchrun job
-        self.ranks = init_distributed(config.train.dist_timeout_s, sharded=config.train.strategy in ("ddp", "fsdp"))
-        self.strategy = resolve_strategy(config.train.strategy, self.ranks)
-        self.sharded = self.strategy == "fsdp"  # checkpoints are sharded directories (train/checkpoint.py)
         self.task = data_spec.task if data_spec else "classification"
-        self.device = resolve_device(config.train.device, self.ranks.local_rank if self.ranks.enabled else None)
-        self.precision = resolve_precision(config.train.precision, self.device)
-        self.tf32 = enable_tf32(self.device, config.train.tf32)
-        self.model = model.to(self.device)
-        self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
-                                           cpu_offload=config.train.fsdp_cpu_offload)
-        if config.model.compile:
-            self.forward = torch.compile(self.forward)
         self.train_data, self.val_data, self.augment = train_data, val_data, augment
-        self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
+        # the order matters: the ranks decide the device, the device the precision and the model's wrapping,
+        # the wrapped model the step, the step's micro-batch the sampler and the loader
+        no_sync = self._setup_ranks_and_model(model)
         self.run_dir = run_dir or RunDir.create(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
-
-        train = config.train
-        train.refuse_unresolved_auto()
-        self.micro_batch_size = train.micro_batch_for(self.ranks.world_size)  # unset: the batch split over ranks
-        self.accumulation_steps = train.accumulation_steps_for(self.ranks.world_size)
-        self.steps_per_epoch = train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
-        self.max_steps = train.total_steps(len(train_data))  # type: ignore[arg-type]
-        self.step = 0                 # optimizer steps done
-        self.epoch = 0                # epochs started
-        self.batch_in_epoch = 0       # optimizer steps done in this epoch
-        self.skipped_steps = 0        # updates not applied (fp16 overflow), as of the last settle point
+        config.train.refuse_unresolved_auto()
+        # unset: the global batch split over the ranks (config decides, and refuses what cannot work)
+        self.state = TrainState(micro_batch_size=config.train.micro_batch_for(self.ranks.world_size))
+        self.steps_per_epoch = config.train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
+        self.max_steps = config.train.total_steps(len(train_data))  # type: ignore[arg-type]
+        self.cadence = Cadence.from_config(config, max_steps=self.max_steps, has_validation=val_data is not None)
         self._last_checkpoint_step: int | None = None  # every rank knows it: no rank asks the disk
         self._settled_step: int | None = None
-
-        self.optimizer = build_optimizer(self.model, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.schedule, self.max_steps)
-        self.scaler = make_scaler(self.precision, self.device)
-        self.train_step = TrainStep(self.model, self.optimizer, loss_fn=self.loss_fn, precision=self.precision,
-                                    device=self.device, accumulation_steps=self.accumulation_steps,
-                                    grad_clip_norm=train.grad_clip_norm, scaler=self.scaler, scheduler=self.scheduler,
-                                    forward=self.forward,
-                                    no_sync=no_sync, augment=augment,
-                                    model_name=config.model.factory or config.model.name)
-        self.health = StepHealth(self.device)
-        self._outcome: StepOutcome | None = None
-        # inference keeps no activations for backward: twice the training micro-batch fits where it did
-        # (predict halves it again on an out-of-memory error)
-        self.eval_batch_size = 2 * self.micro_batch_size
-        self.early_stopping = EarlyStopping(config.eval.monitor_mode, config.eval.early_stopping.patience,
-                                            config.eval.early_stopping.min_delta,
-                                            enabled=config.eval.early_stopping.enabled)
-        self.sampler = ResumableBatchSampler(len(train_data), self.micro_batch_size,  # type: ignore[arg-type]
-                                             self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
-                                             rank=self.ranks.rank, world_size=self.ranks.world_size)
-        settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory,
-                                          batch_bytes=batch_bytes(train_data, self.micro_batch_size))
-        # worker processes reseed their RNGs per batch from (seed, epoch, position): random transforms
-        # in a Dataset resume exactly; in-process loading shares the checkpointed global RNG instead
-        fetched = seeded_by_position(train_data) if settings.num_workers > 0 else train_data
-        self.loader = build_loader(fetched, self.sampler, settings,
-                                   generator=torch.Generator().manual_seed(config.seed))
-        defaults = _default_callbacks(config) if self.ranks.is_main else []
+        self._setup_step(loss_fn, no_sync)
+        self._setup_data()
+        self.checkpointer = ckpt.Checkpointer(
+            self.run_dir, config, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            scaler=self.scaler, early_stopping=self.early_stopping, state=self.state, ranks=self.ranks,
+            sharded=self.strategy == "fsdp", resize=self.set_micro_batch)
+        defaults = default_callbacks(config) if self.ranks.is_main else []
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
         self._stop_reason: str | None = None
         self._summary = RunSummary()  # summary.json: at the start, at every checkpoint, at the end
+
+    def _setup_ranks_and_model(self, model: nn.Module):
+        """One process, or one rank of a torchrun job: its device, precision and the model placed and wrapped
+        for the strategy (DDP, FSDP2). Returns DDP's no_sync, for the step."""
+        train = self.config.train
+        self.ranks = init_distributed(train.dist_timeout_s, sharded=train.strategy in ("ddp", "fsdp"))
+        self.strategy = resolve_strategy(train.strategy, self.ranks)
+        self.device = resolve_device(train.device, self.ranks.local_rank if self.ranks.enabled else None)
+        self.precision = resolve_precision(train.precision, self.device)
+        self.tf32 = enable_tf32(self.device, train.tf32)
+        self.model = model.to(self.device)
+        self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
+                                           cpu_offload=train.fsdp_cpu_offload)
+        if self.config.model.compile:
+            self.forward = torch.compile(self.forward)
+        return no_sync
+
+    def _setup_step(self, loss_fn: LossFn | None, no_sync) -> None:
+        """The step (TrainStep.from_config, as everywhere a step runs), its schedule and early stopping."""
+        config = self.config
+        self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
+        self.train_step = TrainStep.from_config(self.model, config, task=self.task, device=self.device,
+                                                precision=self.precision, accumulation_steps=self.accumulation_steps,
+                                                loss_fn=self.loss_fn, forward=self.forward, no_sync=no_sync,
+                                                augment=self.augment)
+        self.optimizer, self.scaler = self.train_step.optimizer, self.train_step.scaler
+        self.scheduler = self.train_step.scheduler = build_scheduler(self.optimizer, config.schedule, self.max_steps)
+        self.health = StepHealth(self.device)
+        self._outcome: StepOutcome | None = None
+        es = config.eval.early_stopping
+        self.early_stopping = EarlyStopping(config.eval.monitor_mode, es.patience, es.min_delta, enabled=es.enabled)
+
+    def _setup_data(self) -> None:
+        """The sampler (resumable at any position) and the loader over the training data."""
+        config, data = self.config, self.train_data
+        self.sampler = ResumableBatchSampler(len(data), self.micro_batch_size,  # type: ignore[arg-type]
+                                             self.steps_per_epoch * self.accumulation_steps, seed=config.seed,
+                                             rank=self.ranks.rank, world_size=self.ranks.world_size)
+        settings = choose_loader_settings(self.device, config.data.num_workers, config.data.pin_memory,
+                                          batch_bytes=batch_bytes(data, self.micro_batch_size))
+        # worker processes reseed their RNGs per batch from (seed, epoch, position): random transforms
+        # in a Dataset resume exactly; in-process loading shares the checkpointed global RNG instead
+        fetched = seeded_by_position(data) if settings.num_workers > 0 else data
+        self.loader = build_loader(fetched, self.sampler, settings, generator=torch.Generator().manual_seed(config.seed))
+
+    # ---- where the run is (TrainState) -----------------------------------------------------------------
+    step = property(lambda self: self.state.step, lambda self, value: setattr(self.state, "step", value))
+    epoch = property(lambda self: self.state.epoch, lambda self, value: setattr(self.state, "epoch", value))
+    batch_in_epoch = property(lambda self: self.state.batch_in_epoch,
+                              lambda self, value: setattr(self.state, "batch_in_epoch", value))
+    skipped_steps = property(lambda self: self.state.skipped_steps,
+                             lambda self, value: setattr(self.state, "skipped_steps", value))
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.state.micro_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches this rank accumulates per optimizer step (config.derived decides how)."""
+        return accumulation_steps(self.config.train.batch_size, self.state.micro_batch_size, self.ranks.world_size)
+
+    @property
+    def eval_batch_size(self) -> int:
+        # inference keeps no activations for backward: twice the training micro-batch fits where it did
+        # (predict halves it again on an out-of-memory error)
+        return 2 * self.state.micro_batch_size
 
     # ---- public ------------------------------------------------------------------------------------
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Train to `max_steps` (or an early stop, or a signal). `resume=True` continues from `last`."""
         started = time.time()
         if resume:
-            choice = ckpt.choose(self)  # `last`, or the newest intact step; the same on every rank
+            choice = self.checkpointer.choose()  # `last`, or the newest intact step; the same on every rank
             if choice.notice:
                 self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
                 if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
@@ -147,21 +178,12 @@ class Trainer:
                 finally:
                     release_workers(self.loader)
         except KeyboardInterrupt:
-            message = (f"aborted by a second Ctrl-C during step {self.step + 1}; the last checkpoint is kept. "
-                       f"Continue with: trainwise resume {self.run_dir.path}")
-            summary = self._write_summary("stopped", started, message=message)
-            self.callbacks.on_fit_end(self, summary)
+            self._record_abort(started, f"aborted by a second Ctrl-C during step {self.step + 1}; the last "
+                               "checkpoint is kept.")
             raise
         except BaseException as error:
             self._fail(error, started, during_step=self.step + 1)
         return self._finish(started)
-
-    def checkpoint_bytes(self) -> int:
-        """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
-        weights = sum(t.nbytes for t in self.model.state_dict().values() if isinstance(t, torch.Tensor))
-        moments = {"adamw": 2, "adam": 2, "sgd": 1}.get(self.config.optim.name, 2)
-        trainable = sum(p.nbytes for p in self.train_step.parameters)
-        return weights + moments * trainable
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current optimizer step (callbacks may call this)."""
@@ -176,7 +198,6 @@ class Trainer:
     def _loop(self) -> None:
         timer = StepTimer(self.device)
         batches = self._batches(timer)
-        log_every = self.config.train.log_every
         while self.step < self.max_steps and self._stop_reason is None:
             micro_batches = next(batches)
             outcome, out_of_memory_on = self.oom_guard.step(micro_batches)
@@ -193,9 +214,9 @@ class Trainer:
             timer.step_done(self._outcome.loss, samples=self.config.train.batch_size)
             self.callbacks.on_step_end(self)
             end_of_epoch = self.batch_in_epoch == self.steps_per_epoch
-            log_due = self.step % log_every == 0 or self.step == self.max_steps
-            eval_due = self._eval_due(end_of_epoch)
-            checkpoint_due = not eval_due and self._checkpoint_due()
+            log_due = self.cadence.should_log(self.step)
+            eval_due = self.cadence.should_evaluate(self.step, end_of_epoch=end_of_epoch)
+            checkpoint_due = not eval_due and self.cadence.should_checkpoint(self.step)
             if log_due or eval_due or checkpoint_due:
                 self._settle(micro_batches)
             elif not self.ranks.enabled:
@@ -224,12 +245,10 @@ class Trainer:
 
     def set_micro_batch(self, micro_batch_size: int) -> None:
         """Cut each step into micro-batches of this size from now on (the effective batch stays)."""
-        self.micro_batch_size = micro_batch_size
-        self.accumulation_steps = self.config.train.batch_size // (micro_batch_size * self.ranks.world_size)
+        self.state.micro_batch_size = micro_batch_size  # accumulation steps and eval batch follow from it
         self.train_step.accumulation_steps = self.accumulation_steps
         self.sampler.micro_batch_size = micro_batch_size
         self.sampler.batches_per_epoch = self.steps_per_epoch * self.accumulation_steps
-        self.eval_batch_size = 2 * micro_batch_size
         self.oom_guard.restart()  # the first steps of a new micro-batch are where memory runs out
 
     def _settle(self, micro_batches: list[MicroBatch] | None) -> None:
@@ -269,17 +288,6 @@ class Trainer:
                     group = []
 
     # ---- evaluation, checkpoints, logs ---------------------------------------------------------------
-    def _eval_due(self, end_of_epoch: bool) -> bool:
-        if self.val_data is None:
-            return False
-        every = self.config.eval.every_steps
-        return bool((every and self.step % every == 0) or (end_of_epoch and self.config.eval.every_epoch)
-                    or self.step == self.max_steps)
-
-    def _checkpoint_due(self) -> bool:
-        every = self.config.checkpoint.every_steps
-        return bool(every and self.step % every == 0) or self.step == self.max_steps
-
     def _evaluate_and_checkpoint(self) -> None:
         metrics = self.evaluate()
         record = {"split": "val", "step": self.step, "epoch": self.epoch, **metrics}
@@ -293,14 +301,14 @@ class Trainer:
         self._save_checkpoint(is_best=is_best)
 
     def _save_checkpoint(self, *, is_best: bool = False) -> None:
-        path = ckpt.save(self, is_best=is_best)
+        path = self.checkpointer.save(is_best=is_best)
         self._last_checkpoint_step = self.step  # only once it is on disk: a resume continues from here
         if self._summary.started is not None and self.ranks.is_main:  # a killed run's summary shows its progress
             self._write_summary("running", self._summary.started)
         self.callbacks.on_checkpoint(self, path)
 
     def _load(self, path: Path) -> None:
-        ckpt.load(self, path)
+        self.checkpointer.load(path)
         self.train_step.steps_done = self.step
         self.health = StepHealth(self.device, skipped_steps=self.skipped_steps)
         self._last_checkpoint_step = self.step
@@ -328,12 +336,8 @@ class Trainer:
             problem += f" First non-finite output on this step's last micro-batch: {culprit[0]} ({culprit[1]})."
         self.run_dir.log_event("nonfinite", problem, severity="error",
                                step=reading.first_nonfinite_step or self.step,
-                               evidence={"module": culprit[0] if culprit else None,
-                                         "loss": reading.first_nonfinite_loss,
-                                         "grad_norm": reading.first_nonfinite_grad_norm,
-                                         "nonfinite_steps": reading.nonfinite_steps,
-                                         "longest_skip_streak": reading.longest_skip_streak,
-                                         "lr": self.scheduler.get_last_lr()[0]})
+                               evidence=reading.evidence(culprit[0] if culprit else None,
+                                                         lr=self.scheduler.get_last_lr()[0]))
         raise TrainingError(problem)
 
     def _finish(self, started: float) -> dict[str, Any]:
@@ -345,15 +349,19 @@ class Trainer:
             with GracefulStop():  # the run stops anyway: a first signal must not cut the final save
                 summary = self._final_writes(started)
         except KeyboardInterrupt:
-            message = (f"aborted by a second Ctrl-C while saving step {self.step}; the checkpoint of step "
-                       f"{self._last_checkpoint_step} is kept. Continue with: trainwise resume {self.run_dir.path}")
-            summary = self._write_summary("stopped", started, message=message)
-            self.callbacks.on_fit_end(self, summary)
+            self._record_abort(started, f"aborted by a second Ctrl-C while saving step {self.step}; the "
+                               f"checkpoint of step {self._last_checkpoint_step} is kept.")
             raise
         except BaseException as error:  # a peer lost during the final (collective) save, a disk that fills
             self._fail(error, started, during_step=self.step)
         self.callbacks.on_fit_end(self, summary)
         return summary
+
+    def _record_abort(self, started: float, what: str) -> None:
+        """A second Ctrl-C: the summary says `stopped`, with how to continue; the caller re-raises."""
+        message = f"{what} Continue with: trainwise resume {self.run_dir.path}"
+        summary = self._write_summary("stopped", started, message=message)
+        self.callbacks.on_fit_end(self, summary)
 
     def _fail(self, error: BaseException, started: float, *, during_step: int) -> NoReturn:
         """Record why the run failed (the summary says `failed` with the cause), then raise it."""
@@ -373,12 +381,12 @@ class Trainer:
             return self._write_summary("stopped", started, message=message)
         # model.safetensors holds the best step's weights when early stopping restores them; the final
         # step's stay in the last checkpoint (`eval --checkpoint final` reads them from there)
-        restored = ckpt.restore_best(self)
+        restored = self.checkpointer.restore_best()
         weights_step = self.early_stopping.best_step if restored else self.step
         message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
-        self.run_dir.write_model(ckpt.final_weights(self), {"step": str(weights_step), "run_steps": str(self.step),
+        self.run_dir.write_model(self.checkpointer.final_weights(), {"step": str(weights_step), "run_steps": str(self.step),
                                                             "restored_best": str(restored)})
         return self._write_summary("completed", started, message=message, restored_best=restored)
 
@@ -386,17 +394,3 @@ class Trainer:
                        restored_best: bool = False) -> dict[str, Any]:
         return self._summary.write(self, status, started, message=message, restored_best=restored_best)
 
-
-def _default_callbacks(config: RunConfig) -> list[Callback]:
-    from trainwise.train.live_diagnosis import LiveDiagnosis
-    from trainwise.train.nonfinite_validation import NonFiniteValidation
-    from trainwise.train.progress import ProgressDisplay, TensorBoardLog
-
-    callbacks: list[Callback] = [ProgressDisplay(), LiveDiagnosis(), NonFiniteValidation()]
-    if TensorBoardLog.available():
-        callbacks.append(TensorBoardLog())
-    if config.telemetry.enabled:
-        from trainwise.train.telemetry_callback import TelemetryCallback  # lazy: no NVML import when off
-
-        callbacks.append(TelemetryCallback(config.telemetry))
-    return callbacks
