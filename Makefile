@@ -27,9 +27,13 @@ browser:
 demo: $(STAMP)
 	.venv/bin/trainwise demo --out runs/demo --overwrite
 
+# The suite over every core (pytest-xdist); a test module (or class) stays on one worker, so that its fixtures
+# (trained runs) are made once. Tests are isolated in temp dirs and environment; torchrun jobs rendezvous on
+# ports the OS picks (--standalone). `make test JOBS=0` runs it in one process.
+JOBS ?= auto
 test: $(STAMP)
 	@$(MAKE) --no-print-directory browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS) --dist loadscope
 
 bench: $(STAMP)
 	$(PIP) install -q -e ".[test,bench]"

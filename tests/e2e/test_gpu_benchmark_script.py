@@ -1,19 +1,23 @@
 """benchmarks/gpu/run.sh is one prepared script for a lent GPU; --dry-run proves on the CPU that it runs
 end to end (every section, the JSON written), so a GPU session spends its minutes measuring."""
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import ROOT
 
+RUN_SH = ROOT / "benchmarks" / "gpu" / "run.sh"
+
 
 @pytest.mark.slow
 def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     result_path = tmp_path / "gpu.json"
-    done = subprocess.run([str(ROOT / "benchmarks" / "gpu" / "run.sh"), "--dry-run", "--output", str(result_path)],
-                          capture_output=True,
-                          text=True, timeout=540, cwd=ROOT)
+    done = subprocess.run([str(RUN_SH), "--dry-run", "--output", str(result_path)], capture_output=True,
+                          text=True, timeout=540, cwd=ROOT,
+                          env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     assert result["dry_run"] is True and result["meets_targets"] is None
@@ -29,3 +33,27 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
         figures = result["recsys"][recipe]
         assert figures["events_per_s"] > 0 and figures["precision"] == "fp32" and figures["steps"] == 3
     assert result["recsys"]["shop-din"]["events_per_sample"] == 1 / 5  # one real event per 1 + 4 negatives
+
+
+def _fake_interpreter(path):
+    """An executable that says it was run, and with what, instead of running the benchmark."""
+    path.write_text('#!/bin/sh\necho "ran $0 $*"\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_run_sh_uses_the_interpreter_it_is_given_then_the_one_trainwise_runs_in(tmp_path):
+    given = _fake_interpreter(tmp_path / "given-python")
+    installed = _fake_interpreter(tmp_path / "env-python")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    console_script = bin_dir / "trainwise"  # what pip writes into an environment's bin/
+    console_script.write_text(f"#!{installed}\nimport sys\nfrom trainwise.cli import main\nsys.exit(main())\n")
+    console_script.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHON", None)
+    with_python = subprocess.run([str(RUN_SH), "--dry-run"], env={**env, "PYTHON": str(given)}, capture_output=True,
+                                 text=True, timeout=30)
+    assert with_python.stdout.startswith(f"ran {given} benchmarks/gpu/bench.py --dry-run"), with_python.stderr
+    from_path = subprocess.run([str(RUN_SH), "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert from_path.stdout.startswith(f"ran {installed} benchmarks/gpu/bench.py --dry-run"), from_path.stderr

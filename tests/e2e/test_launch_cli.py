@@ -52,3 +52,19 @@ def test_torchrun_arguments_for_one_machine_and_for_several():
     assert several.torchrun_args(["resume", "runs/r1"]) == [
         "--nproc-per-node", "8", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head-node:29500",
         "--rdzv-id", "r1", "--node-rank", "1", "-m", "trainwise", "resume", "runs/r1"]
+
+
+@pytest.mark.slow
+def test_bad_input_only_the_ranks_can_see_is_said_once_by_rank_0(tmp_path):
+    """A batch larger than the training split is known only once the data is loaded, on every rank: rank 0
+    says it, the others stay silent, the launcher's own log (SIGTERM to the others, "failed (exitcode: 2)")
+    is quiet, and the job exits 2."""
+    out = tmp_path / "r"
+    launched = subprocess.Popen([sys.executable, "-m", "trainwise", "train", *ARGS, "train.batch_size=100000",
+                                 "train.micro_batch_size=null", "--out", str(out), "--nproc", "2"],
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200", **ONE_THREAD},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    code, output = finish_job(launched, timeout=300)
+    assert code == 2, output[-3000:]
+    assert output.count("error:") == 1 and "fewer than one batch" in output, output[-3000:]
+    assert "SIGTERM" not in output and "exitcode" not in output and "Traceback" not in output, output[-3000:]

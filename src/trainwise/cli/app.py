@@ -151,12 +151,17 @@ def train(
     from trainwise.launch.runs import train_run
 
     config = load_recipe(recipe, overrides or [])
+    recipe_file = Path(recipe) if Path(recipe).is_file() else None
     if nproc is not None and not inside_a_launch():
-        extra = _planned_strategy(config, nproc * nnodes)
+        from trainwise.launch.runs import check_before_launch
+
+        plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)
+        plan.check()
+        check_before_launch(config, plan.ranks, out, overwrite=overwrite, recipe_file=recipe_file)  # said once
+        extra = _planned_strategy(config, plan.ranks)
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
-        raise typer.Exit(launch(command, Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)))
+        raise typer.Exit(launch(command, plan))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
-        recipe_file = Path(recipe) if Path(recipe).is_file() else None
         run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
                         recipe_file=recipe_file, callbacks=[_peak_flops()])
     _finish(run.read_summary(), run.path)
@@ -200,6 +205,10 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     from trainwise.launch.runs import resume_run
 
     if nproc is not None and not inside_a_launch():
+        from trainwise.launch.runs import check_before_launch
+        from trainwise.rundir.layout import RunDir
+
+        check_before_launch(RunDir.open(run_dir).read_config(), nproc)
         command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
             ["--allow-config-change"] if allow_config_change else [])
         raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
@@ -273,9 +282,19 @@ def _exit_code_of_the_run(path: Path) -> Iterator[None]:
         raise typer.Exit(EXIT_ABORTED) from None
 
 
+def _speaks_for_the_job() -> bool:
+    """One process of a torchrun job prints its outcome and its bad-input errors: rank 0 (or a plain process)."""
+    if not inside_a_launch():
+        return True
+    from trainwise.train.distributed import launched_ranks
+
+    return launched_ranks().is_main
+
+
 def _finish(summary: dict, path: Path) -> None:
-    """Print the outcome; a run stopped by a signal exits 75, not 0."""
-    _print_outcome(summary, path)
+    """Print the outcome (rank 0 of a job: the others would repeat it); a run stopped by a signal exits 75."""
+    if _speaks_for_the_job():
+        _print_outcome(summary, path)
     if summary.get("status") == "stopped":
         raise typer.Exit(EXIT_STOPPED)
 
@@ -322,8 +341,9 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:
-        message = Text("error: ", style="bold red") + Text(str(error))
-        Console(stderr=True, soft_wrap=True).print(message, highlight=False)
+        if error.exit_code != 2 or _speaks_for_the_job():  # bad input is the same on every rank: said once
+            message = Text("error: ", style="bold red") + Text(str(error))
+            Console(stderr=True, soft_wrap=True).print(message, highlight=False)
         sys.exit(error.exit_code)
     except typer.Abort:
         sys.exit(130)

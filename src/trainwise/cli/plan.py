@@ -85,7 +85,7 @@ def print_report(report, console: Console) -> None:
     total, trainable = job.get("total_parameters") or job["parameters"], job["parameters"]
     counts = f"[bold]{total:,}[/] parameters" + (f" ({trainable:,} trainable)" if trainable != total else "")
     console.print(f"{counts}, batch {job['batch_size']} "
-                  f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}), "
+                  f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}{_per_rank(job)}), "
                   f"{job['total_steps']:,} steps ({job['steps_per_epoch']} per epoch), {job['precision_planned']}, "
                   f"{job['optimizer']}; {_flops(data['flops_per_optimizer_step'])} per step.")
     parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}" for name, value in cuda["breakdown_bytes"].items())
@@ -205,6 +205,10 @@ def _cheapest_shown(advice):
     shown = {_money(r.cost_on_demand) for r in advice.rows + advice.multi_gpu
              if r.fits and r.cost_on_demand is not None}
     return row if row is not None and len(shown) > 1 else None
+
+
+def _per_rank(job: dict) -> str:
+    return f" on each of {job['ranks']} ranks" if job.get("ranks", 1) > 1 else ""
 
 
 def _print_strategies(plans, console: Console) -> None:

@@ -152,8 +152,9 @@ class TrainConfig(Section):
                                  "is not set.")
     batch_size: int = Field(32, gt=0, description="Effective batch: samples per optimizer step.")
     micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
-        None, description="Samples per forward/backward; batch_size / micro_batch_size micro-batches are "
-        "accumulated. Default: batch_size. `auto`: when the run starts, the largest divisor of the per-rank batch "
+        None, description="Samples per forward/backward on each rank; batch_size / (micro_batch_size × ranks) "
+        "micro-batches are accumulated. Default: the batch split over the ranks (batch_size in one process). "
+        "`auto`: when the run starts, the largest divisor of the per-rank batch "
         "whose planned peak memory (`trainwise plan`'s trace of the step) fits the memory free on the device less "
         "a safety margin; the choice and its numbers are an event, config.yaml records the number.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 where the "
@@ -200,6 +201,34 @@ class TrainConfig(Section):
     def accumulation_steps(self) -> int:
         """Micro-batches per optimizer step in one process (derived.accumulation_steps)."""
         return accumulation_steps(self.batch_size, self.micro_batch)
+
+    def micro_batch_for(self, ranks: int) -> int:
+        """Samples per forward on each of `ranks` ranks: the micro-batch set, or when none is set (or `auto`
+        is not resolved yet) the global batch split over the ranks. Every rank takes the same share of each
+        optimizer step, so a batch the ranks cannot share evenly is refused (ConfigError) with the sizes
+        that work."""
+        if ranks <= 1:
+            return self.micro_batch
+        if self.batch_size % ranks:
+            lower, higher = self.batch_size - self.batch_size % ranks, self.batch_size + ranks - self.batch_size % ranks
+            near = f"{lower} or {higher}" if lower else f"{higher}"
+            raise ConfigError(f"train.batch_size ({self.batch_size}) cannot be split evenly over {ranks} ranks (each "
+                              f"rank takes the same share of every optimizer step); use train.batch_size={near}, "
+                              f"or another multiple of {ranks}.")
+        share = self.batch_size // ranks
+        if not isinstance(self.micro_batch_size, int):
+            return share
+        if share % self.micro_batch_size:
+            fits = _largest_divisor_at_most(share, self.micro_batch_size)
+            raise ConfigError(f"train.micro_batch_size ({self.micro_batch_size}) does not divide each rank's share "
+                              f"of the batch (train.batch_size {self.batch_size} / {ranks} ranks = {share}): use "
+                              f"train.micro_batch_size={fits}, or leave it unset (each rank then takes its whole "
+                              "share at once).")
+        return self.micro_batch_size
+
+    def accumulation_steps_for(self, ranks: int) -> int:
+        """Micro-batches each rank accumulates per optimizer step on `ranks` ranks."""
+        return accumulation_steps(self.batch_size, self.micro_batch_for(ranks), max(ranks, 1))
 
     def steps_per_epoch(self, num_train: int) -> int:
         """Optimizer steps in one pass over `num_train` samples. The last partial batch is dropped (every step

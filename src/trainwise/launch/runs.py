@@ -23,7 +23,7 @@ from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.run_task import ValidateAsBuilt
 from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
-from trainwise.train.distributed import launched_ranks
+from trainwise.train.distributed import launched_ranks, leaving_the_job
 from trainwise.train.trainer import Trainer
 
 
@@ -66,6 +66,23 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     return trainer
 
 
+def run_inputs(config: RunConfig, recipe_file: Path | None) -> list[Path]:
+    """The user's files a run reads (`data.path`, the recipe file): never inside what `--overwrite` replaces."""
+    return [Path(p) for p in (config.data.path, recipe_file) if p is not None]
+
+
+def check_before_launch(config: RunConfig, ranks: int, out: Path | None = None, *, overwrite: bool = False,
+                        recipe_file: Path | None = None) -> None:
+    """What `--nproc N` can refuse before any rank starts, said once (ConfigError, RunDirError): a batch the
+    ranks cannot share, a strategy that does not fit the job, an `--out` that holds files."""
+    from trainwise.train.distributed import Ranks, resolve_strategy
+
+    config.train.micro_batch_for(ranks)
+    resolve_strategy(config.train.strategy, Ranks(world_size=ranks))
+    if out is not None:
+        RunDir.refuse_existing(out, overwrite=overwrite, inputs=run_inputs(config, recipe_file))
+
+
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
               callbacks: Sequence[Callback] = (), resolve_micro_batch: MicroBatchResolver | None = None,
               recipe_file: Path | None = None) -> RunDir:
@@ -74,21 +91,22 @@ def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
     MicroBatchResolver). The recipe file and `data.path` are never inside what `overwrite` replaces."""
     run = RunDir(out)
     main = launched_ranks().is_main
-    inputs = [Path(p) for p in (config.data.path, recipe_file) if p is not None]
+    inputs = run_inputs(config, recipe_file)
     if main:
         RunDir.refuse_existing(run.path, overwrite=overwrite, inputs=inputs)  # fail fast, before any work
     auto = None
-    if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
-        config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
-    trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
-    if main:
-        run.initialise(overwrite=overwrite, inputs=inputs)  # first: an --out that cannot be written is the error to show
-        warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
-        if warning:
-            warnings.warn(warning, RunDirWarning, stacklevel=2)
-        if auto is not None:
-            run.log_event(**auto.event(), step=0)
-    trainer.fit()
+    with leaving_the_job():
+        if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
+            config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
+        trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
+        if main:
+            run.initialise(overwrite=overwrite, inputs=inputs)  # an --out that cannot be written: the error to show
+            warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
+            if warning:
+                warnings.warn(warning, RunDirWarning, stacklevel=2)
+            if auto is not None:
+                run.log_event(**auto.event(), step=0)
+        trainer.fit()
     return trainer.run_dir
 
 
@@ -110,8 +128,8 @@ def resume_run(path: str | Path, callbacks: Sequence[Callback] = (), *, trust_co
     # no checkpoint to trust at all, or another config than it was trained with: say so before building anything
     choice = latest_checkpoint(run, sharded=sharded)
     check_config_unchanged(run, config, choice, sharded=sharded, allow_change=allow_config_change)
-    trainer = build_trainer(config, run, callbacks)
-    trainer.fit(resume=True)
+    with leaving_the_job():
+        build_trainer(config, run, callbacks).fit(resume=True)
     return run
 
 

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from trainwise.config import RunConfig
-from trainwise.errors import ConfigError
 from trainwise.plan.advise import (ALLOCATOR_SLACK_BYTES, CUBLAS_32MIB_MAJORS, CUBLAS_WORKSPACE_BYTES,
                                    CUDNN_WORKSPACE_BYTES, SAFETY_MARGIN)
 from trainwise.plan.job import estimate_job, job_from_config
@@ -113,10 +112,7 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     if train.micro_batch_size != "auto":
         raise ValueError("resolve_micro_batch: train.micro_batch_size is not auto")
     ranks = launched_ranks()
-    if train.batch_size % ranks.world_size:
-        raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of the {ranks.world_size} "
-                          "ranks: each rank runs the same share of every batch.")
-    per_rank_batch = train.batch_size // ranks.world_size
+    per_rank_batch = train.micro_batch_for(ranks.world_size)  # `auto` unresolved: the rank's whole share
     device = resolve_device(train.device, ranks.local_rank if ranks.enabled else None)
     kind = "cuda" if device.type == "cuda" else "cpu"
     plain = config.model_copy(update={"train": train.model_copy(update={"micro_batch_size": None})})

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trainwise.config import RunConfig, accumulation_steps
+from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan.advise import Estimates, PeakCurve
 from trainwise.plan.memory import DeviceKind, StepTrace, TrainingStep, trace_step
@@ -32,6 +32,7 @@ class Job:
     cpu_precision: str  # what the run computes in on a CPU (`auto` is fp32 there)
     checkpoints_kept: int  # step checkpoints + last + best
     notes: tuple[str, ...] = ()
+    ranks: int = 1  # the step is one rank's: `batch_size` is shared by this many
 
 
 @dataclass(frozen=True)
@@ -70,16 +71,17 @@ class JobEstimate:
 # ---- from a RunConfig --------------------------------------------------------------------------------------
 
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
-                    cards_without_bf16: tuple[str, ...] = ()) -> Job:
-    """The job `config` describes. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a
-    V100); `auto` precision is then planned as what it resolves to on them."""
+                    cards_without_bf16: tuple[str, ...] = (), ranks: int = 1) -> Job:
+    """The job one rank of `ranks` runs `config` as: the micro-batch and accumulation are the trainer's for that
+    many. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a V100); `auto` precision is
+    then planned as what it resolves to on them."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.precision import choose_precision
 
     bundle = build_data(config)
     spec = bundle.spec
     train = config.train
-    micro = train.micro_batch
+    micro = train.micro_batch_for(ranks)
     notes = []
     # the trainer's rule, for the cards planned for: bf16 ones (Ampere and newer) unless none of them has it
     precision = choose_precision(train.precision, "cuda", bf16_native=not cards_without_bf16)
@@ -105,7 +107,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
     step = TrainingStep(
         build_model=build, input_shape=tuple(spec.input_shape), input_dtype=spec.input_dtype,
         task=spec.task, num_classes=spec.num_classes, micro_batch_size=micro,
-        accumulation_steps=accumulation_steps(train.batch_size, micro), precision=precision, optimizer=config.optim.name,
+        accumulation_steps=train.accumulation_steps_for(ranks), precision=precision, optimizer=config.optim.name,
         optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,
@@ -119,7 +121,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
                num_train=num_train, dataset_bytes=samples * (sample_bytes + 8), sample_bytes=sample_bytes,
                precision_requested=train.precision,
                cpu_precision=cpu_precision, checkpoints_kept=config.checkpoint.keep_last + 2,
-               notes=tuple(notes))
+               notes=tuple(notes), ranks=ranks)
 
 
 def sample_shapes(train, spec) -> tuple[tuple[int, ...], int | None]:

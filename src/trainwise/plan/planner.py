@@ -52,7 +52,8 @@ class PlanReport:
                             "traced": {t.micro_batch_size: t.peak_bytes for t in model.traces}}
         return {
             "job": {"batch_size": job.batch_size, "micro_batch_size": job.step.micro_batch_size,
-                    "accumulation_steps": job.step.accumulation_steps, "total_steps": job.total_steps,
+                    "accumulation_steps": job.step.accumulation_steps, "ranks": job.ranks,
+                    "total_steps": job.total_steps,
                     "steps_per_epoch": job.steps_per_epoch, "num_train": job.num_train,
                     "precision_requested": job.precision_requested, "precision_planned": job.step.precision,
                     "optimizer": job.step.optimizer, "parameters": est.parameter_count,
@@ -92,7 +93,8 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
         raise ConfigError("--gpus-per-node must be at least 1.")
 
     without_bf16 = tuple(g.name for g in gpus) if request.gpu_names and not any(g.bf16 for g in gpus) else ()
-    job = job_from_config(config, cards_without_bf16=without_bf16)
+    # micro-batch per rank, as `train --nproc` runs it
+    job = job_from_config(config, cards_without_bf16=without_bf16, ranks=request.nproc or 1)
     estimate = estimate_job(job)
     machine = read_machine().to_dict()
     notes = list(job.notes) + cpu_workspace_notes(estimate)

@@ -1,13 +1,15 @@
 """Many GPUs through torchrun: one process per device, DDP or FSDP2 (`train.strategy`), one writer.
 
 `torchrun --nproc_per_node=N -m trainwise train RECIPE --out RUN` runs N ranks. `train.batch_size` stays the
-global batch of one optimizer step; each rank feeds `micro_batch_size` samples per forward and accumulates
-`batch_size / (micro_batch_size × N)` micro-batches. Only rank 0 writes the run directory.
+global batch of one optimizer step; each rank feeds `micro_batch_size` samples per forward (unset: its share,
+`batch_size / N`) and accumulates `batch_size / (micro_batch_size × N)` micro-batches. Only rank 0 writes the
+run directory and prints the outcome.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +61,21 @@ def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Rank
         torch.cuda.set_device(ranks.local_rank)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
     return ranks
+
+
+@contextmanager
+def leaving_the_job() -> Iterator[None]:
+    """Around everything a rank does in the job: a run that ended (completed, or stopped on the same step
+    everywhere) leaves the process group after its last collective, once every rank got there (rank 0's final
+    writes included), so no rank tears the group down under a peer still in one. Left to the interpreter's
+    exit, Gloo's worker threads still held finished work whose tensors reference Python objects, freed while
+    Python was torn down: SIGABRT ("terminate called without an active exception") after a completed run, and
+    the job failed. A failing rank leaves the group as it is: its peers may be gone or mid-collective, where a
+    shutdown (NCCL's abort above all) can hang instead of exiting."""
+    yield
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:

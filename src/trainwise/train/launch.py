@@ -7,6 +7,7 @@ Each rank runs the same `trainwise` command without the launch options, with tor
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -23,10 +24,18 @@ class Launch:
     rdzv_endpoint: str | None = None
     run_id: str = "trainwise"
 
-    def torchrun_args(self, command: list[str]) -> list[str]:
+    @property
+    def ranks(self) -> int:
+        return self.nproc * self.nnodes
+
+    def check(self) -> None:
+        """The launch options among themselves (ConfigError)."""
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node "
                               "that every node can reach), given to the same command on every node.")
+
+    def torchrun_args(self, command: list[str]) -> list[str]:
+        self.check()
         args = ["--nproc-per-node", str(self.nproc)]
         if self.rdzv_endpoint:
             args += ["--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
@@ -49,6 +58,9 @@ def launch(command: list[str], plan: Launch) -> int:
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
+    # the agent's own log ("Sending process … closing signal SIGTERM", "failed (exitcode: 2)") repeats what the
+    # ranks said or what the TrainingError below says in words: quiet in this process, which only runs the agent
+    logging.disable(logging.ERROR)
     try:
         run(get_args_parser().parse_args(plan.torchrun_args(command)))
     except ChildFailedError as failed:
@@ -62,4 +74,6 @@ def launch(command: list[str], plan: Launch) -> int:
         died = ", ".join(f"rank {rank} (exit code {code})" for rank, code in sorted(codes.items()))
         raise TrainingError(f"{died} of the {plan.nproc}-rank job failed; rank {first} first. Its error is above; "
                             "the run directory's error.log and summary.json hold rank 0's view.") from None
+    finally:
+        logging.disable(logging.NOTSET)
     return 0

@@ -28,7 +28,7 @@ from trainwise.config import RunConfig, accumulation_steps
 from trainwise.data.bundle import DataSpec
 from trainwise.diagnose.failure import record_failure
 from trainwise.data.loader import batch_bytes, build_loader, choose_loader_settings, release_workers
-from trainwise.errors import ConfigError, RunDirWarning, TrainingError
+from trainwise.errors import RunDirWarning, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.cadence import Cadence
@@ -68,7 +68,8 @@ class Trainer:
         if not self.ranks.is_main:
             self.run_dir = FollowerRunDir(self.run_dir.path)
         config.train.refuse_unresolved_auto()
-        self.state = TrainState(micro_batch_size=config.train.micro_batch)
+        # unset: the global batch split over the ranks (config decides, and refuses what cannot work)
+        self.state = TrainState(micro_batch_size=config.train.micro_batch_for(self.ranks.world_size))
         self.steps_per_epoch = config.train.steps_per_epoch(len(train_data))  # type: ignore[arg-type]
         self.max_steps = planned_steps(model, config, len(train_data))  # type: ignore[arg-type]
         self.cadence = Cadence.from_config(config, max_steps=self.max_steps, has_validation=val_data is not None)
@@ -104,10 +105,7 @@ class Trainer:
 
     def _setup_step(self, loss_fn: LossFn | None, no_sync) -> None:
         """The step (TrainStep.from_config, as everywhere a step runs), its schedule and early stopping."""
-        config, per_step = self.config, self.micro_batch_size * self.ranks.world_size
-        if config.train.batch_size % per_step:
-            raise ConfigError(f"train.batch_size ({config.train.batch_size}) must be a multiple of micro_batch_size "
-                              f"× ranks ({self.micro_batch_size} × {self.ranks.world_size} = {per_step}).")
+        config = self.config
         self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
         self.train_step = TrainStep.from_config(self.model, config, task=self.task, device=self.device,
                                                 precision=self.precision, accumulation_steps=self.accumulation_steps,
