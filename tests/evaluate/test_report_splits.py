@@ -13,7 +13,8 @@ from trainwise.rundir.layout import RunDir
 
 
 def _copy(run: RunDir, path) -> RunDir:
-    shutil.copytree(run.path, path)
+    """The session's trained run without its evaluations (other modules evaluate it in place)."""
+    shutil.copytree(run.path, path, ignore=lambda folder, names: ["eval"] if folder == str(run.path) else [])
     return RunDir(path)
 
 

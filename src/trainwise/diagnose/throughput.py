@@ -26,6 +26,7 @@ TINY_BATCH = 16
 # runs vary by tens of percent between logs (evaluation, checkpoints); a fall to a fifth is something else.
 COLLAPSE_LOGS = 3
 COLLAPSE_FACTOR = 0.2
+COLLAPSE_MIN_S = 60.0  # and the slow spell lasted this long: a second of slow logs in a tiny run costs nothing
 BUSY_CPU_PERCENT = 90.0  # psutil's all-core average: near 100 means no core is free
 # NVIDIA cards with tensor cores (Volta and newer, and the Turing RTX line); GTX 16xx and older have none.
 TENSOR_CORE_NAMES = re.compile(r"\b(V100|T4|A\d{1,3}|H\d{2,3}|GH\d{3}|B\d{3}|GB\d{3}|L4|L40S?|RTX|TITAN V|TITAN RTX)\b",
@@ -58,6 +59,9 @@ def throughput_collapse(train: list[dict[str, Any]], system: list[dict[str, Any]
             np.median([v for _, v, _ in rates[:len(rates) - tail - 1]])):
         tail += 1
     if tail < COLLAPSE_LOGS:
+        return None
+    since, last = rates[-tail][2], rates[-1][2]
+    if not (_number(since) and _number(last) and last - since >= COLLAPSE_MIN_S):
         return None
     before = float(np.median([v for _, v, _ in rates[:-tail]]))
     after = float(np.median([v for _, v, _ in rates[-tail:]]))

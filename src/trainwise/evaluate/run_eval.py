@@ -18,13 +18,11 @@ from typing import Any
 
 from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import DataError, RunDirError
-from trainwise.evaluate.finetune import instruction_evaluation
 from trainwise.evaluate.metric_warnings import metric_warnings
 from trainwise.evaluate.tasks import get_task
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.weights import Checkpoint, load_weights, weights_used
 from trainwise.rundir.trust import require_trust
-from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 
 SPLITS = ("train", "val", "test")
 
@@ -86,7 +84,9 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     A run made by someone else that names factories runs none of them without `trust_code`."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
+    from trainwise.evaluate.finetune import instruction_evaluation
     from trainwise.runtime.inference import predict
+    from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
     if split not in SPLITS:
