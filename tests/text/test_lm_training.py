@@ -40,7 +40,7 @@ def test_trainer_records_tokens_per_s_and_perplexity_without_syncs(corpus, tmp_p
     assert between == {}, f"host syncs between log steps: {between}"
     train = trainer.run_dir.read_metrics("train")
     assert train[-1]["tokens_per_s"] > 0 and "mfu" not in train[-1]  # no catalogue peak for a CPU
-    assert train[-1]["flops_per_token"] == pytest.approx(model.flops_per_token(32))
+    assert train[-1]["flops_per_token"] == pytest.approx(flops_per_token(model, 32))
     val = trainer.run_dir.read_metrics("val")[-1]
     assert val["perplexity"] == pytest.approx(torch.tensor(val["loss"]).exp().item(), rel=1e-5)
     assert 0 <= val["token_accuracy"] <= 1 and val["loss"] < train[0]["loss"] + 1
@@ -59,6 +59,17 @@ def test_flops_per_token_counts_tied_weights_once_and_attention():
     model = GPT(GPTConfig(vocab_size=50, context=16, layers=2, heads=2, width=16))
     weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()  # tied head counted once
     assert flops_per_token(model, 16) == 6 * weights + 12 * 2 * 2 * 8 * 16
+
+
+def test_a_frozen_weight_costs_four_flops_a_token_not_six():
+    """Its backward carries the gradient on (2) but computes none for itself: an adapter run's MFU is not
+    inflated by the base it does not train."""
+    model = GPT(GPTConfig(vocab_size=50, context=16, layers=2, heads=2, width=16))
+    weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    head = model.lm_head.weight.numel() + (model.lm_head.bias.numel() if model.lm_head.bias is not None else 0)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("lm_head") or name.startswith("wte"))
+    assert flops_per_token(model, 16) == 6 * head + 4 * (weights - head) + 12 * 2 * 2 * 8 * 16
 
 
 def test_catalogue_peak_for_a_cuda_device_name():

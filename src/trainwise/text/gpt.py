@@ -177,13 +177,6 @@ class GPT(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(len(self.h))
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward and backward): 6N for the weights' matrix products plus
-        12·L·H·Q·T for attention (PaLM's appendix B; nanoGPT's estimate_mfu), N without the position table."""
-        parameters = sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
-        config = self.config
-        return 6 * parameters + 12 * config.layers * config.heads * (config.width // config.heads) * seq_len
-
 
 def gpt(data_spec, layers: int = 4, heads: int = 4, width: int = 128, context: int | None = None,
         dropout: float = 0.0, bias: bool = True, gradient_checkpointing: bool = False) -> GPT:

@@ -3,7 +3,10 @@ reports them; and the run's copy of its tokenizer (RUN/tokenizer), which generat
 
 MFU = tokens/s × training FLOPs per token / the card's dense peak for the run's precision. FLOPs per token
 are 6N + 12·L·H·Q·T (PaLM, appendix B): 6 per weight of the matrix products (forward 2, backward 4) and
-the attention scores and values over a context of T. The peak comes from the GPU catalogue, which the
+the attention scores and values over a context of T. A frozen weight (a LoRA or freeze run's base) costs 4:
+its backward still carries the gradient to the layers below (2) but computes none for itself, so counting
+it at 6 would overstate an adapter run's MFU by up to half. Recomputation under activation checkpointing is
+not counted (that would be hardware FLOPs, not model FLOPs). The peak comes from the GPU catalogue, which the
 engine does not import: the CLI hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
 the progress line says so instead of printing a number).
 """
@@ -31,35 +34,44 @@ def tokens_in(micro_batches: Sequence[MicroBatch]) -> tuple[int, int]:
     return sum(t.numel() for t in ids), int(ids[0].shape[-1])
 
 
-def matmul_parameters(model: nn.Module) -> int:
-    """Weights that take part in matrix products: every parameter but lookup tables (an embedding's rows
-    are gathered, not multiplied), counting a table tied to the output head once, as the head."""
+def matmul_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trained, frozen) weights that take part in matrix products: every parameter but lookup tables (an
+    embedding's rows are gathered, not multiplied), counting a table tied to the output head once, as the head."""
     seen: set[int] = set()
-    total = 0
+    trained = frozen = 0
     for module in model.modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
             continue
         for parameter in module.parameters(recurse=False):
             if id(parameter) not in seen:
                 seen.add(id(parameter))
-                total += parameter.numel()
-    return total
+                if parameter.requires_grad:
+                    trained += parameter.numel()
+                else:
+                    frozen += parameter.numel()
+    return trained, frozen
+
+
+def attention_shape(config: object) -> tuple[int, int, int] | None:
+    """(layers, heads, head dim) from a Hugging Face config or the built-in GPT's; None when it has none."""
+    def first(*names: str):
+        return next((value for name in names if (value := getattr(config, name, None))), None)
+
+    layers = first("num_hidden_layers", "n_layer", "layers")
+    heads = first("num_attention_heads", "n_head", "heads")
+    width = first("hidden_size", "n_embd", "width")
+    if not (layers and heads and width):
+        return None
+    return layers, heads, first("head_dim") or width // heads
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """6N + 12·L·H·Q·T for a model with a transformer config (built-in gpt, Hugging Face), else 6N."""
-    own = getattr(model, "flops_per_token", None)
-    if callable(own):
-        return float(own(seq_len))
-    config = getattr(model, "config", None)
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-    attention = 0.0
-    if layers and heads and width:
-        head_dim = getattr(config, "head_dim", None) or width // heads
-        attention = 12.0 * layers * heads * head_dim * seq_len
-    return 6.0 * matmul_parameters(model) + attention
+    """6 per trained and 4 per frozen matrix weight, plus 12·L·H·Q·T for attention where the model has a
+    transformer config (Hugging Face, the built-in gpt); weights only otherwise."""
+    trained, frozen = matmul_parameters(model)
+    shape = attention_shape(getattr(model, "config", None))
+    attention = 12.0 * shape[0] * shape[1] * shape[2] * seq_len if shape else 0.0
+    return 6.0 * trained + 4.0 * frozen + attention
 
 
 def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -> dict[str, float]:
