@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
 from trainwise.data.augment import feature_noise, random_shift
 from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec
@@ -47,6 +46,8 @@ def stratified_splits(inputs: np.ndarray, targets: np.ndarray, *, seed: int, val
                       test_fraction: float) -> tuple[ArrayDataset, ArrayDataset | None, ArrayDataset | None]:
     """Seeded, stratified train/val/test split. `seed` is 0..2**32-1 (scikit-learn's range); the validation
     split uses the next seed, wrapping at the top of that range."""
+    from sklearn.model_selection import train_test_split  # here: scikit-learn costs every run ~1 s to import
+
     rest_x, rest_y = inputs, targets
     test = val = None
     if test_fraction > 0:
