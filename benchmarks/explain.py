@@ -21,6 +21,7 @@ from trainwise.diagnose import explain  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "diagnose" / "corpus"
 TARGET = 0.90
+LONG_LOG_TARGET_S = 15.0  # ~1 s on a laptop; pattern-per-line matching took ~20 s
 # Earlier held-out sets, measured by this script and then folded into the tuned texts (their misses informed
 # the widened rules, so they no longer count as unseen).
 HISTORY = [
@@ -62,8 +63,19 @@ def score(split: str) -> dict:
     }
 
 
+def long_log() -> dict:
+    """Seconds to explain a 50,001-line log (an OOM, then progress lines); tests count its pattern searches."""
+    progress = [f"step {i} loss 0.{i % 97:02d} lr 3e-4 grad_norm 1.{i % 7} 1234 samples/s" for i in range(50_000)]
+    log = "\n".join(["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", *progress])
+    started = time.perf_counter()
+    code = explain(log).code
+    return {"lines": len(progress) + 1, "code": code, "seconds": round(time.perf_counter() - started, 3),
+            "target_s": LONG_LOG_TARGET_S}
+
+
 def main() -> None:
-    heldout, tuned = score("heldout"), score("tuned")
+    heldout, tuned, long = score("heldout"), score("tuned"), long_log()
+    print(f"long log: {long['lines']} lines in {long['seconds']:.2f} s ({long['code']})")
     for name, result in (("held-out", heldout), ("tuned", tuned)):
         print(f"{name}: {result['right']}/{result['texts']} = {result['accuracy']:.1%}")
         for miss in result["misses"]:
@@ -71,9 +83,10 @@ def main() -> None:
     write_result("explain", {
         "description": "explain names the right category of crash texts; the target counts held-out texts only "
                        "(written before the rules were widened, never tuned on).",
-        "target": f"held-out accuracy >= {TARGET:.0%}",
-        "heldout": heldout, "tuned": tuned,
-        "meets_targets": heldout["accuracy"] >= TARGET,
+        "target": f"held-out accuracy >= {TARGET:.0%}; a 50,001-line log in < {LONG_LOG_TARGET_S:g} s",
+        "heldout": heldout, "tuned": tuned, "long_log": long,
+        "meets_targets": heldout["accuracy"] >= TARGET and long["code"] == "cuda_oom"
+                         and long["seconds"] < LONG_LOG_TARGET_S,
         "history": HISTORY,
         "note": "timings are on a 2-core machine shared by other jobs; the tuned and held-out texts were written "
                 "by the same person, so the held-out figure is evidence, not proof, of accuracy on strangers' logs",

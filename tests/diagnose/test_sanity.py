@@ -1,8 +1,6 @@
 """Sanity checks before training: each fault injected into real data (or the model) is found with its
-numbers; the built-in recipes pass, quickly."""
+numbers; the built-in recipes pass (benchmarks/sanity_check.py times them)."""
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
@@ -40,12 +38,10 @@ def _bundle(change) -> DataBundle:
 
 
 @pytest.mark.parametrize("recipe", ["breast-cancer", "digits"])
-def test_the_built_in_recipes_pass_and_the_checks_take_under_5_s(recipe):
-    config = load_recipe(recipe)
-    sanity_check(config)  # the first call pays the imports (sklearn, torch's optimizers), as `train` does
-    started = time.perf_counter()
-    findings = sanity_check(config)
-    assert time.perf_counter() - started < 5
+def test_the_built_in_recipes_pass_with_a_40_step_probe(recipe):
+    # the checks' cost is their work, counted here (one 40-step probe); their seconds are
+    # benchmarks/sanity_check.py's (a timing in a test fails on a busy machine, not on a slow change)
+    findings = sanity_check(load_recipe(recipe))
     assert _problems(findings) == [], [f.to_dict() for f in findings]
     probe = _only(findings, "overfit_probe")
     assert probe.evidence["share_kept"] < 0.5 and probe.evidence["steps"] == 40

@@ -17,12 +17,36 @@ def test_cpu_peak_counts_what_was_alive_together():
     assert cpu_peak_bytes(run) == 6_000_000
 
 
-def test_probe_times_real_steps_and_measures_the_peak_the_trace_predicts():
-    step = TrainingStep(build_model=lambda: nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 3)),
+def _step() -> TrainingStep:
+    return TrainingStep(build_model=lambda: nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 3)),
                         input_shape=(20,), num_classes=3, micro_batch_size=32)
-    result = probe_steps(step, torch.device("cpu"), steps=3)
-    assert result.steps_timed == 3 and 0 < result.step_time_s < 5
+
+
+def test_probe_times_real_steps_and_measures_the_peak_the_trace_predicts():
+    step = _step()
+    result = probe_steps(step, torch.device("cpu"), steps=3, time_limit_s=float("inf"))
+    assert result.steps_timed == 3 and result.step_time_s > 0  # how long is a benchmark's question, not a test's
     assert result.peak_bytes == trace_step(step).peak_bytes
+
+
+class _Clock:
+    """A perf_counter that moves `tick` seconds each time it is read: step times known in advance."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_the_step_time_is_the_median_and_the_time_limit_ends_the_probe(monkeypatch):
+    import trainwise.plan.probe as probe
+
+    monkeypatch.setattr(probe, "time", _Clock(tick=1.0))  # each timed step reads as 1 s; each check adds 1 s
+    result = probe_steps(_step(), torch.device("cpu"), steps=50, time_limit_s=7.5)
+    assert result.step_time_s == 1.0
+    assert result.steps_timed == 3  # the 3rd step's check sees 9 s > 7.5 s: stopped long before 50 steps
 
 
 def test_machine_facts():

@@ -281,10 +281,8 @@ def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path):
     launcher = start_torchrun("train", *args, "train.strategy=fsdp", "--out", str(run))
     rank1 = _rank_process(launcher, 1)
     _wait_for_step(run, 16, launcher)  # past the first checkpoint (step 15)
-    killed = time.time()
     rank1.send_signal(signal.SIGKILL)
-    code, output = finish_job(launcher, timeout=60)
-    assert time.time() - killed < 60
+    code, output = finish_job(launcher, timeout=60)  # a job that hangs instead of ending fails here
     assert code != 0
     assert "rank" in output and "1 (local_rank: 1)" in output, output[-3000:]  # torchrun's agent names it
     summary = json.loads((run / "summary.json").read_text())  # rank 0 survived: it says what happened
