@@ -196,5 +196,10 @@ def test_two_ranks_train_the_adapter_like_one_process(tmp_path, capsys, strategy
     assert a.keys() == b.keys() and all("lora_" in k for k in a)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+    from trainwise.runtime.model_state import same_base, saved_record
+
+    # the frozen base's fingerprint: each rank sums its shards, one all-reduce adds them up
+    prints = [saved_record(tmp_path / run / "model.safetensors")["frozen_fingerprint"] for run in ("single", "ranks")]
+    assert "4 tensors" in prints[0] and same_base(*prints)
     adapter = load_file(tmp_path / "ranks" / "adapter" / "adapter_model.safetensors")
     assert adapter.keys() == load_file(tmp_path / "single" / "adapter" / "adapter_model.safetensors").keys()
