@@ -6,7 +6,7 @@ Which modules are blocks, in this order of preference:
      transformer blocks, residual stages). Parameters outside them go with the root;
   2. the built-in models' `blocks` and `head` (recipes/models.py, CheckpointedSequential);
   3. a Hugging Face model's repeated layers (the classes its `_no_split_modules` names: LlamaDecoderLayer...);
-  4. otherwise the model's direct children that hold trainable parameters.
+  4. otherwise the model's direct children that hold parameters.
 A peft (LoRA) model's blocks are those of the model inside it: peft's wrappers call the inner model's forward
 directly, past their own modules, so a wrapper sharded as a block would never be gathered. A block may mix
 frozen base weights with trainable adapters: FSDP2 shards each parameter on its own and reduces gradients only
@@ -49,8 +49,9 @@ def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
         candidates = [m for m in model.modules() if _is_one_of(m, repeated)]
     else:
         candidates = list(model.children())
-    # a block without trainable parameters (Flatten, ReLU) has nothing to shard
-    return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+    # a block without parameters (Flatten, ReLU) has nothing to shard; a frozen one (method=freeze, a LoRA
+    # model's untouched head) is sharded too, or its weights would stay gathered with the root's
+    return [m for m in candidates if any(True for _ in m.parameters())]
 
 
 def _is_one_of(module: nn.Module, class_names: set[str]) -> bool:
