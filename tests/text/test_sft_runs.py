@@ -64,6 +64,102 @@ def test_a_stopped_lora_run_resumes_bit_identical(data, straight):
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
+def test_fsdp_shards_the_decoder_layers_and_trains_the_adapter_as_one_process(data, straight):
+    """FSDP2 on a peft-wrapped Hugging Face model: each decoder layer (frozen base and LoRA weights together) is a
+    unit, the checkpoint holds the adapter and its optimizer state only, the adapter is peft's."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.train.lora_models import fsdp_world_of_one
+    from trainwise.train.fsdp import fsdp_blocks
+
+    config = sft_config(data)
+    config = config.model_copy(update={"train": config.train.model_copy(update={"strategy": "fsdp"})})
+    run = RunDir.create(data / "fsdp")
+    with fsdp_world_of_one():
+        trainer = build_trainer(config, run)
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        blocks = fsdp_blocks(trainer.model)
+        assert len(blocks) == 1 and isinstance(blocks[0], LlamaDecoderLayer)
+        trainer.fit()
+    a, b = load_file(straight.model_path), load_file(run.model_path)
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    stored = FileSystemReader(run.checkpoint_dirs.pointer("last")).read_metadata().state_dict_metadata
+    tensors = [name for name in stored if name.startswith(("model.", "optimizer.state."))]
+    assert tensors and all("lora_" in name for name in tensors)
+    adapter = load_file(adapter_dir(run) / "adapter_model.safetensors")
+    single = load_file(adapter_dir(straight) / "adapter_model.safetensors")
+    assert adapter.keys() == single.keys() and all(adapter[k].equal(single[k]) for k in adapter)
+
+
+GPT_LORA = {"name": "gpt", "hf_config": None, "args": {"layers": 1, "heads": 2, "width": 32}}
+
+
+@pytest.mark.parametrize("model", [{}, GPT_LORA], ids=["hf", "builtin"])
+def test_out_of_memory_in_a_lora_run_recovers_with_checkpointing_that_recomputes(data, model, one_thread):
+    """Out of memory at every micro-batch until the blocks recompute their activations: the run halves the
+    micro-batch down to 1, then turns on gradient checkpointing in the model peft wraps (set on the wrapper it
+    would change nothing), every block runs twice per micro-batch from then on, gradients still reach the
+    adapter through the recomputed blocks (the frozen embeddings' outputs need none), only the adapter trains
+    and is saved."""
+    from collections import Counter
+
+    from trainwise.llm.methods import wrapped_model
+
+    run = RunDir.create(data / f"oom-{model.get('name', 'hf')}")
+    config = sft_config(data, **model)
+    config = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 3})})
+    trainer = build_trainer(config, run)
+    inner = wrapped_model(trainer.model)
+    block = inner.model.layers[0] if hasattr(inner, "model") else inner.h[0]
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    calls = []
+
+    def out_of_memory_unless_recomputed(module, args):
+        recomputes = getattr(module, "gradient_checkpointing", None)  # a Hugging Face layer's own switch
+        if module.training and not (inner.gradient_checkpointing if recomputes is None else recomputes):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+    block.register_forward_pre_hook(out_of_memory_unless_recomputed)
+    # inside the block (a Hugging Face layer checkpoints its forward, past its own hooks), on the way in (the
+    # recomputation stops as soon as backward has what it needs)
+    block.mlp.register_forward_pre_hook(lambda module, args: calls.append(trainer.step) if module.training else None)
+    assert trainer.fit()["status"] == "completed"
+    recoveries = [e["evidence"] for e in run.read_events() if e["kind"] == "oom_recovered"]
+    assert [r.get("micro_batch_size", "checkpointing") for r in recoveries] == [2, 1, "checkpointing"]
+    assert set(Counter(calls).values()) == {2 * trainer.accumulation_steps} and len(set(calls)) == 3
+    assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
+    final = load_file(run.model_path)
+    assert set(final) == trainable and (adapter_dir(run) / "adapter_model.safetensors").is_file()
+    assert all(final[n].abs().sum() > 0 for n in final if "lora_B" in n)  # zero at the start: all trained
+
+
+def test_the_sanity_probe_passes_lora_on_a_trained_like_base_and_names_a_random_one(data, capsys, one_thread):
+    """`trainwise train` on a Llama whose output layer spans logits as a trained model's does (wide init): the
+    adapters memorise the probe's batch, no warning. On the usual random init (std 0.02) a frozen head cannot,
+    whatever the adapters: the warning says that, not 'raise the rank'."""
+    import json
+
+    from tests.text.sft_data import TINY_LLAMA
+    from trainwise.check.sanity import sanity_check
+    from trainwise.config import dump_yaml
+
+    wide = data / "llama-wide"
+    wide.mkdir(exist_ok=True)
+    (wide / "config.json").write_text(json.dumps({**TINY_LLAMA, "initializer_range": 0.5}))
+    config = sft_config(data, hf_config=str(wide))
+    config = config.model_copy(update={"train": config.train.model_copy(update={"sanity": True, "max_steps": 3})})
+    recipe = data / "sanity.yaml"
+    recipe.write_text(dump_yaml(config))
+    done = invoke(capsys, "train", str(recipe), "--out", str(data / "sanity"), show_warnings=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "overfit" not in done.stdout + done.stderr and "not memorised" not in done.stdout + done.stderr
+    random_base = config.model_copy(update={"model": config.model.model_copy(update={"hf_config": str(data / "llama")})})
+    probe = [f for f in sanity_check(random_base) if f.code.startswith("overfit")][0]
+    assert probe.code == "overfit_probe_slow" and "initialised at random" in probe.detail
+    assert "model.hf=DIR" in probe.fixes[0]
+
+
 def test_qlora_is_refused_on_the_cpu_with_the_reason(data, capsys):
     config = sft_config(data, method="qlora")
     recipe = data / "qlora.yaml"

@@ -107,6 +107,8 @@ def test_the_users_model_says_which_modules_are_blocks():
         fsdp_blocks(_Users(blocks=[nn.Linear(2, 2)]))
     plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     assert fsdp_blocks(plain) == [plain[0], plain[2]]  # no hook: the children that hold parameters
+    plain[0].requires_grad_(False)  # frozen (method=freeze): still its own unit, not gathered with the root
+    assert fsdp_blocks(plain) == [plain[0], plain[2]]
 
 
 def test_a_collective_failing_under_the_model_is_blamed_on_the_lost_rank_not_the_model():

@@ -28,6 +28,14 @@ SHARP_KEPT = 0.5
 # rank-4 LoRA MLP at 2e-4 kept 98% of its loss, at 1e-3 82%, at 1e-2 8%). The probe checks the wiring, not the
 # LR, so it trains adapters at least this fast, and says so in the evidence and the message.
 ADAPTER_PROBE_LR = 1e-2
+# A base initialised at random (model.hf_config, a built-in model) and frozen: its output layer's logits span a
+# fraction of a nat (weights of std 0.02 after a fixed norm), so no adapter can make a token likely; a higher
+# rank does not help (a tiny Llama's rank-4 LoRA kept 93% of its loss at LR 1e-2, its full fine-tune 36%;
+# initialised wider, as a trained model's head is, the same LoRA kept 7%).
+RANDOM_BASE = ("Only the adapters train, on a base initialised at random (not trained): its frozen output layer "
+               "can barely tell tokens apart, whatever the adapters do, so a higher rank will not help. Unless "
+               "that is the cause, the data may be too hard to memorise, ")
+RANDOM_BASE_FIX = "Fine-tune a trained model (model.hf=DIR), or train every weight (model.method=full)."
 MAX_PROBE_S = 30.0  # the probe's time bound: at most this, and at most PROBE_SHARE of the planned run
 PROBE_SHARE = 0.1
 MIN_PROBE_S = 5.0
@@ -51,11 +59,12 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
                       optimizer: torch.optim.Optimizer, loss_fn, precision: str = "fp32",
                       device: torch.device | None = None, grad_clip_norm: float | None = 1.0,
                       steps: int = PROBE_STEPS, model_name: str | None = None,
-                      planned_steps: int | None = None) -> Finding:
+                      planned_steps: int | None = None, random_base: bool = False) -> Finding:
     """Train `model` on one batch for `steps` steps; an info finding when the loss falls sharply, a warning
     when it falls slowly, an error when it does not fall or the step fails. `inputs` may be a token batch
     (a dict, `targets` None). The probe stops early when its time is up (`probe_budget_s` of a run of
-    `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit."""
+    `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit.
+    `random_base`: the frozen base under the adapters was initialised at random, not trained (said if it fails)."""
     from trainwise.train.step import TrainStep
 
     device = device or torch.device("cpu")
@@ -90,7 +99,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before) if p.numel()),
                 default=0.0)
     return _verdict(losses, norms, moved, rows=rows, lr=optimizer.param_groups[0]["lr"], seconds=elapsed,
-                    run_lr=run_lr, adapters=adapters)
+                    run_lr=run_lr, adapters=adapters, random_base=adapters and random_base)
 
 
 def _train_steps(step, batch, steps: int, planned_steps: int | None, losses: list[float], norms: list[float],
@@ -119,7 +128,7 @@ def _train_steps(step, batch, steps: int, planned_steps: int | None, losses: lis
 
 
 def _verdict(losses: list[float], norms: list[float], moved: float, *, rows: int, lr: float,
-             seconds: float, run_lr: float, adapters: bool) -> Finding:
+             seconds: float, run_lr: float, adapters: bool, random_base: bool = False) -> Finding:
     steps = len(losses)
     first, last = losses[0], min(losses[-3:])
     kept = last / first if first > 0 and math.isfinite(first) else float("nan")
@@ -141,10 +150,12 @@ def _verdict(losses: list[float], norms: list[float], moved: float, *, rows: int
         return Finding("overfit_probe_slow", "warn", f"one batch is not memorised: loss still {kept:.0%} of its start",
                        f"After {steps} steps on one batch the loss went from {first:.4g} to {last:.4g} only (LR "
                        f"{lr:.3g}); a wired model at a working LR drives it near zero. "
-                       + ("Only the adapters train (the base is frozen): the rank (model.lora.rank) or the layers "
+                       + (RANDOM_BASE if random_base else
+                          "Only the adapters train (the base is frozen): the rank (model.lora.rank) or the layers "
                           "they wrap (model.lora.target_modules) may be too few, " if adapters else
                           "The LR may be too low, ") + "or the loss may not follow the labels.", evidence,
-                       ("Raise optim.lr, or find it: `trainwise lr-find RECIPE --out lr-find`.", *CHECKS))
+                       (RANDOM_BASE_FIX if random_base else
+                        "Raise optim.lr, or find it: `trainwise lr-find RECIPE --out lr-find`.", *CHECKS))
     return Finding("overfit_probe", "info", f"overfits one batch: loss {first:.3g} → {last:.3g} in {steps} steps",
                    "The model, loss and optimizer are wired: gradients reach the weights and the loss follows the "
                    "labels." + (f" Only the adapters train (the base is frozen); the probe trained them at LR "

@@ -86,7 +86,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
         loss_fn=default_loss(spec.task, config.train.label_smoothing),
         precision=resolve_precision(config.train.precision, device), device=device,
         grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name,
-        planned_steps=config.train.total_steps(len(bundle.train)) * max(1, config.train.batch_size // rows)))
+        planned_steps=config.train.total_steps(len(bundle.train)) * max(1, config.train.batch_size // rows),
+        random_base=config.model.hf is None and config.model.factory is None))  # hf_config or a built-in
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 

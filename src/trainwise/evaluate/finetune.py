@@ -127,7 +127,7 @@ def instruction_evaluation(run: Any, config: Any, model: nn.Module, split: str, 
     prompt token, so they measure the answers only.)"""
     from pathlib import Path
 
-    from trainwise.runtime.model_state import find_peft_model
+    from trainwise.llm.methods import find_peft_model
     from trainwise.text.chat_templates import saved_template
     from trainwise.text.instruct_prepare import read_held_out
     from trainwise.text.tokenizer import load_tokenizer

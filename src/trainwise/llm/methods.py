@@ -174,10 +174,29 @@ def quantize_4bit(model: "nn.Module", compute_dtype: Any = None) -> "nn.Module":
     return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
+def find_peft_model(model: "nn.Module") -> Any | None:
+    """The peft wrapper inside `model` (itself, or a submodule: a trainwise wrapper around it), or None.
+    peft is never imported here: a model can only hold one if peft is already loaded."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    if peft is None:
+        return None
+    return next((m for m in model.modules() if isinstance(m, peft.PeftModel)), None)
+
+
+def wrapped_model(model: "nn.Module") -> "nn.Module":
+    """The model a peft wrapper holds (whose forward runs the blocks), or `model` itself. Switches such as
+    `gradient_checkpointing` are set there: set on the wrapper, they would shadow the inner model's and do nothing."""
+    peft_model = find_peft_model(model)
+    return peft_model.get_base_model() if peft_model is not None else model
+
+
 def enable_gradient_checkpointing(model: "nn.Module") -> bool:
     """Recompute activations in backward: `activation_checkpointing_enable` on Hugging Face models (also inside
     a peft wrapper), the `gradient_checkpointing` attribute on trainwise's built-ins. False if the model has
     neither (the caller says so)."""
+    model = wrapped_model(model)
     hf_enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
     legacy_enable = getattr(model, "gradient_checkpointing_enable", None)  # transformers 4
     if callable(hf_enable):
@@ -196,6 +215,7 @@ def enable_gradient_checkpointing(model: "nn.Module") -> bool:
 
 def gradient_checkpointing_enabled(model: "nn.Module") -> bool:
     """Whether the model (HF or built-in, wrapped or not) recomputes activations in backward."""
+    model = wrapped_model(model)
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5, then 4
         flag = getattr(model, name, None)
         if isinstance(flag, bool):

@@ -32,6 +32,7 @@ def numbered(root: Path, prefix: str, suffix: str = "", keep: Callable[[Path], b
             found.append((int(digits), p))
     return sorted(found)
 
+SHARDED_STATE_FILE = "trainer.pt"  # in each checkpoint directory: rank 0's part of the training state
 _PARTIAL = ".partial"  # not atomic.TEMP_SUFFIX: the temp-file sweep unlinks files, and these are directories
 _POINTERS = ("last", "best")
 

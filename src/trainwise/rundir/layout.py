@@ -39,7 +39,7 @@ from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.rundir import adapter as run_adapter, checkpoint_files
 from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
 from trainwise.rundir.atomic import atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
-from trainwise.rundir.checkpoint_dirs import CheckpointDirs, numbered
+from trainwise.rundir.checkpoint_dirs import SHARDED_STATE_FILE, CheckpointDirs, numbered
 from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable, config_not_text, damaged_file_advice,
                                         disk_full_advice, free_space_warning, load_weights_file, newest_intact)
 from trainwise.rundir.lock import Holder
@@ -373,7 +373,7 @@ class RunDir:
     @property
     def checkpoint_dirs(self) -> CheckpointDirs:
         """Sharded checkpoints (train.strategy=fsdp): `step-<N>/` directories, `last`/`best` symlinks."""
-        return CheckpointDirs(self.checkpoints_dir, _CHECKPOINT_PREFIX, "trainer.pt", writer=self.acquire_writer)
+        return CheckpointDirs(self.checkpoints_dir, _CHECKPOINT_PREFIX, SHARDED_STATE_FILE, writer=self.acquire_writer)
 
     @property
     def _ledger(self) -> Ledger:

@@ -17,17 +17,6 @@ SCOPE_KEY = "weights_scope"          # in checkpoints and in model.safetensors' 
 FINGERPRINT_KEY = "frozen_fingerprint"
 
 
-def find_peft_model(model: nn.Module) -> Any | None:
-    """The peft wrapper inside `model` (itself, or a submodule: a trainwise wrapper around it), or None.
-    peft is never imported here: a model can only hold one if peft is already loaded."""
-    import sys
-
-    peft = sys.modules.get("peft")
-    if peft is None:
-        return None
-    return next((m for m in model.modules() if isinstance(m, peft.PeftModel)), None)
-
-
 def frozen_names(model: nn.Module) -> set[str]:
     """State-dict names of the parameters that do not train (tied weights under every name they have)."""
     return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -41,18 +30,36 @@ def kept_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def frozen_fingerprint(model: nn.Module) -> str:
     """A cheap identity of the frozen base: count, and sums in float64 (one pass; a host sync, so call it at
-    save time only). Empty when nothing is frozen."""
+    save time only). Empty when nothing is frozen. Under FSDP each rank sums its shards and one all-reduce adds
+    them up: a collective, so every rank calls it."""
     frozen = [p for p in model.parameters() if not p.requires_grad]
     if not frozen:
         return ""
-    total = torch.zeros((), dtype=torch.float64, device=frozen[0].device)
-    squares = torch.zeros_like(total)
+    sums = torch.zeros(2, dtype=torch.float64, device=_local(frozen[0]).device)
     for p in frozen:
-        values = p.detach().to(torch.float64)
-        total += values.sum().to(total.device)
-        squares += values.square().sum().to(total.device)
-    return f"{len(frozen)} tensors, {sum(p.numel() for p in frozen)} values, sum {float(total)!r}, " \
-           f"sum of squares {float(squares)!r}"
+        values = _local(p).detach().to(torch.float64)
+        sums += torch.stack([values.sum(), values.square().sum()]).to(sums.device)
+    group = next((p.device_mesh.get_group() for p in frozen if _local(p) is not p), None)
+    if group is not None:
+        sums = _summed_over(group, sums)
+    total, squares = sums.tolist()
+    return f"{len(frozen)} tensors, {sum(p.numel() for p in frozen)} values, sum {total!r}, " \
+           f"sum of squares {squares!r}"
+
+
+def _local(parameter: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP-sharded parameter (a DTensor); any other tensor itself."""
+    to_local = getattr(parameter, "to_local", None)
+    return to_local() if callable(to_local) else parameter
+
+
+def _summed_over(group: Any, sums: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    total = sums.to(device)
+    dist.all_reduce(total, group=group)
+    return total.cpu()
 
 
 def same_base(saved: str, now: str) -> bool:
@@ -76,13 +83,17 @@ def save_record(model: nn.Module) -> dict[str, str]:
 
 
 def saved_record(path) -> dict[str, str]:
-    """The record beside saved weights: model.safetensors' metadata, or a checkpoint file's entries (a sharded
-    checkpoint directory keeps whole states: an empty record)."""
+    """The record beside saved weights: model.safetensors' metadata, a checkpoint file's entries, or a sharded
+    checkpoint directory's training-state file's."""
     from pathlib import Path
 
     path = Path(path)
     if path.is_dir():
-        return {}
+        from trainwise.rundir.checkpoint_dirs import SHARDED_STATE_FILE
+
+        path = path / SHARDED_STATE_FILE
+        if not path.is_file():
+            return {}
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
@@ -115,9 +126,18 @@ def load_kept_state(model: nn.Module, state: dict[str, Any], record: dict[str, A
             f"the saved weights do not fit the model: missing {missing[:3]}, unexpected "
             f"{sorted(result.unexpected_keys)[:3]} (the model's trainable part differs: another method, LoRA "
             "rank or target modules?)")
+    check_same_base(model, record)
+
+
+def check_same_base(model: nn.Module, record: dict[str, Any]) -> None:
+    """Raise StateMismatch when `record` fingerprints another frozen base than `model`'s (a collective under
+    FSDP: every rank calls it)."""
     saved = record.get(FINGERPRINT_KEY)
-    if saved and not same_base(saved, frozen_fingerprint(model)):
+    if not saved:
+        return
+    now = frozen_fingerprint(model)
+    if not same_base(saved, now):
         raise StateMismatch(
-            f"the frozen base weights differ from those these weights were trained on ({frozen_fingerprint(model)} "
+            f"the frozen base weights differ from those these weights were trained on ({now} "
             f"now, {saved} then). The model directory (model.hf) changed, or the base was initialised with "
             "another seed; rebuild it as it was.")

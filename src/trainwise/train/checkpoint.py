@@ -23,7 +23,7 @@ from trainwise.config.diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, read_checkpoint_header  # noqa: F401
 from trainwise.rundir.integrity import CheckpointChoice
-from trainwise.runtime.model_state import StateMismatch, kept_state, load_kept_state, save_record
+from trainwise.runtime.model_state import StateMismatch, check_same_base, kept_state, load_kept_state, save_record
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 
 def checkpoint_bytes(model: torch.nn.Module, trainable: list[torch.nn.Parameter], optimizer_name: str) -> int:
-    """About what one checkpoint takes on disk: weights, buffers and the optimizer's moments."""
-    weights = sum(t.nbytes for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    """About what one checkpoint takes on disk: weights (what trains, on a frozen base), buffers and the
+    optimizer's moments."""
+    weights = sum(t.nbytes for t in kept_state(model).values() if isinstance(t, torch.Tensor))
     moments = {"adamw": 2, "adam": 2, "sgd": 1}.get(optimizer_name, 2)
     return weights + moments * sum(p.nbytes for p in trainable)
 
@@ -88,12 +89,13 @@ class Checkpointer:
         the model and optimizer, which a sharded checkpoint stores apart."""
         from trainwise.train.distributed import gather_objects
 
-        # a frozen base (LoRA, freeze) is rebuilt from its source on resume: only what trains is kept
-        weights = ({"model": kept_state(self.model), **save_record(self.model),
-                    "optimizer": self.optimizer.state_dict()} if tensors else {})
+        # a frozen base (LoRA, freeze) is rebuilt from its source on resume: only what trains is kept, with the
+        # base's fingerprint (in a sharded checkpoint's state file too)
+        weights = {"model": kept_state(self.model), "optimizer": self.optimizer.state_dict()} if tensors else {}
         state = self.state
         return {
             **weights,
+            **save_record(self.model),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early_stopping.state_dict(),
@@ -108,9 +110,11 @@ class Checkpointer:
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
-        if "model" in saved:  # a sharded checkpoint's tensors are already loaded
+        if "model" in saved:
             self._load_model(saved)
             self.optimizer.load_state_dict(saved["optimizer"])
+        else:  # a sharded checkpoint's tensors are already loaded: was it on this base?
+            self._check_base(saved)
         # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
         scheduler = saved["scheduler"]
         self.scheduler.load_state_dict({**scheduler, "lr_lambdas": [None] * len(scheduler.get("lr_lambdas", []))})
@@ -186,15 +190,21 @@ class Checkpointer:
         format (rank 0)."""
         from trainwise.train.adapters import save_adapter
 
-        record = {} if self._sharded else save_record(self.model)
-        self.run_dir.write_model(self.final_weights(), {"step": str(weights_step), "run_steps": str(self.state.step),
-                                                        "restored_best": str(restored), **record})
+        weights, record = self.final_weights(), save_record(self.model)  # collectives under FSDP
+        self.run_dir.write_model(weights, {"step": str(weights_step), "run_steps": str(self.state.step),
+                                           "restored_best": str(restored), **record})
         if self.ranks.is_main:
-            save_adapter(self.model, self.run_dir)
+            save_adapter(self.model, self.run_dir, state=weights)
 
     def _load_model(self, saved: dict[str, Any]) -> None:
         try:
             load_kept_state(self.model, saved["model"], saved)
+        except StateMismatch as mismatch:
+            raise RunDirError(f"the checkpoint does not fit the model built from the run's config: {mismatch}") from None
+
+    def _check_base(self, saved: dict[str, Any]) -> None:
+        try:
+            check_same_base(self.model, saved)
         except StateMismatch as mismatch:
             raise RunDirError(f"the checkpoint does not fit the model built from the run's config: {mismatch}") from None
 

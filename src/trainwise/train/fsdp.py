@@ -5,7 +5,12 @@ Which modules are blocks, in this order of preference:
   1. your model's `fsdp_blocks()` method, returning the modules to shard one by one (the repeated layers:
      transformer blocks, residual stages). Parameters outside them go with the root;
   2. the built-in models' `blocks` and `head` (recipes/models.py, CheckpointedSequential);
-  3. otherwise the model's direct children that hold trainable parameters.
+  3. a Hugging Face model's repeated layers (the classes its `_no_split_modules` names: LlamaDecoderLayer...);
+  4. otherwise the model's direct children that hold parameters.
+A peft (LoRA) model's blocks are those of the model inside it: peft's wrappers call the inner model's forward
+directly, past their own modules, so a wrapper sharded as a block would never be gathered. A block may mix
+frozen base weights with trainable adapters: FSDP2 shards each parameter on its own and reduces gradients only
+for those that have one.
 The root is sharded last, for whatever is left. Each block is gathered, computed and freed in turn, so the
 memory of full parameters is one block's, not the model's.
 """
@@ -18,10 +23,14 @@ import torch
 from torch import nn
 
 from trainwise.errors import ConfigError
+from trainwise.llm.methods import find_peft_model
 
 
 def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
     """The modules sharded one by one before the root (see the module docstring)."""
+    peft_model = find_peft_model(model)
+    if peft_model is not None:
+        model = peft_model.get_base_model()
     hook = getattr(model, "fsdp_blocks", None)
     if callable(hook):
         blocks = list(hook())
@@ -33,12 +42,21 @@ def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
                               "submodule of the model: return the model's own layers (e.g. `list(self.layers)`).")
         return blocks
     blocks_attr = getattr(model, "blocks", None)
+    repeated = set(getattr(model, "_no_split_modules", None) or ())  # transformers' names for its layers
     if isinstance(blocks_attr, nn.ModuleList):
         candidates = [*blocks_attr, *([model.head] if isinstance(getattr(model, "head", None), nn.Module) else [])]
+    elif repeated and any(_is_one_of(m, repeated) for m in model.modules()):
+        candidates = [m for m in model.modules() if _is_one_of(m, repeated)]
     else:
         candidates = list(model.children())
-    # a block without trainable parameters (Flatten, ReLU) has nothing to shard
-    return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+    # a block without parameters (Flatten, ReLU) has nothing to shard; a frozen one (method=freeze, a LoRA
+    # model's untouched head) is sharded too, or its weights would stay gathered with the root's
+    return [m for m in candidates if any(True for _ in m.parameters())]
+
+
+def _is_one_of(module: nn.Module, class_names: set[str]) -> bool:
+    # by the class's lineage: a sharded module's class is FSDP's subclass of it (FSDPLlamaDecoderLayer)
+    return any(cls.__name__ in class_names for cls in type(module).__mro__)
 
 
 def shard_model(model: nn.Module, *, precision: str, cpu_offload: bool, device: torch.device) -> None:
