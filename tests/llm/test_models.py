@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 import psutil
 import pytest
@@ -99,7 +100,9 @@ def test_lora_wraps_every_linear_but_the_head_and_trains_only_adapters():
     base = tiny_model("llama")
     frozen_before = {n: p.detach().clone() for n, p in base.named_parameters()}
     linears = [m for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
-    model = methods.apply_method(base, "lora", lora=methods.LoraSettings(rank=4, alpha=8.0, dropout=0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecation noise from peft/transformers in a run's log
+        model = methods.apply_method(base, "lora", lora=methods.LoraSettings(rank=4, alpha=8.0, dropout=0.0))
     expected = sum(4 * (m.in_features + m.out_features) for m in linears)
     assert len(linears) == 2 * 7 and methods.parameter_counts(model).trainable == expected
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)

@@ -10,6 +10,7 @@ QLoRA needs CUDA and bitsandbytes; elsewhere it is refused with the reason (`qlo
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -135,7 +136,9 @@ def add_lora(model: "nn.Module", settings: LoraSettings) -> "nn.Module":
     config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=targets, task_type="CAUSAL_LM" if _is_hf(model) else None)
     try:
-        return peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft 0.21 asks transformers 5 for a renamed flag: noise in every run's log
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(model, config)
     except ValueError as exc:
         raise ConfigError(f"model.lora.target_modules={settings.target_modules!r}: {exc}") from None
 
