@@ -20,6 +20,7 @@ from trainwise.plan.advise import Estimates, PeakCurve
 from trainwise.plan.job import traced_sizes
 from trainwise.plan.llm_step import LmJob, build_lm, lm_step
 from trainwise.plan.memory import DeviceKind, StepTrace, trace_step
+from trainwise.plan.step_phases import REGIONS
 
 LINEAR_INT_FIELDS = ("micro_batch_peak_bytes", "optimizer_peak_bytes", "parameter_count",
                      "parameter_bytes", "optimizer_state_bytes", "micro_batch_flops", "micro_batch_bytes_written",
@@ -96,11 +97,18 @@ def extend(low: StepTrace, high: StepTrace, depths: tuple[int, int], depth: int)
     values = {name: line(getattr(low, name), getattr(high, name)) for name in LINEAR_INT_FIELDS}
     parts = {part: lines(low.part_breakdowns.get(part, {}), high.part_breakdowns.get(part, {}))
              for part in high.part_breakdowns}
+    where = dict(high.part_where)
+    # each region of forward/backward on its own line, the largest only then (step_phases.py)
+    regions = [region for region in REGIONS if region in low.part_breakdowns and region in parts]
+    if regions:
+        highest = max(regions, key=lambda region: sum(parts[region].values()))
+        values["micro_batch_peak_bytes"] = sum(parts[highest].values())
+        parts["micro_batches"], where["micro_batches"] = parts[highest], where[highest]
     micro_peak, optimizer_peak = values["micro_batch_peak_bytes"], values["optimizer_peak_bytes"]
     worst = "optimizer" if optimizer_peak > micro_peak else "micro_batches"
     return replace(high, **values, peak_bytes=max(micro_peak, optimizer_peak),
-                   breakdown=parts.get(worst, high.breakdown), part_breakdowns=parts,
-                   peak_where=high.part_where.get(worst, high.peak_where),
+                   breakdown=parts.get(worst, high.breakdown), part_breakdowns=parts, part_where=where,
+                   peak_where=where.get(worst, high.peak_where),
                    flops_by_op=lines(low.flops_by_op, high.flops_by_op),
                    largest_module_parameter_bytes=max(low.largest_module_parameter_bytes,
                                                       high.largest_module_parameter_bytes))
