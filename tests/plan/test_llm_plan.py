@@ -149,3 +149,13 @@ def test_each_region_of_the_step_is_extended_on_its_own_line():
                          0, 0, 0, "cpu", "fp32", part_breakdowns=parts, part_where=where)
     extended = extend(trace(forward=60, head=64), trace(forward=70, head=72), (1, 2), 4)
     assert extended.peak_bytes == 90 and extended.peak_where == "forward of lm_head"
+
+
+@pytest.mark.parametrize("method", ["lora", "freeze"])
+def test_model_facts_extended_from_two_depths_equal_the_whole_models(method):
+    from trainwise.plan.llm_plan import _facts, model_facts
+    from trainwise.plan.llm_step import build_lm
+
+    planned = job(method=method)
+    assert traced_depths(planned) is not None
+    assert model_facts(planned) == _facts(build_lm(planned, device="meta"))

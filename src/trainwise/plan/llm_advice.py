@@ -144,8 +144,10 @@ def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...],
     smallest = min(gpus, key=lambda g: g.memory_bytes)
     levers = hardware_levers(est, smallest, catalogue)
     for name, how, changed, extra, changes_job in candidate_levers(est.job):
-        trace = peak_at_micro_one(changed)
-        slowdown = extra * trace.micro_batch_flops / max(base.micro_batch_flops, 1)
+        # the optimizer and the weights' dtype change no matrix product: no FLOP-counting pass for them
+        same_work = changed.with_changes(optimizer=est.job.optimizer, dtype=est.job.dtype) == est.job
+        trace = peak_at_micro_one(changed, count_flops=not same_work)
+        slowdown = extra * (1.0 if same_work else trace.micro_batch_flops / max(base.micro_batch_flops, 1))
         fits = tuple(g.name for g in gpus if trace.peak_bytes <= card_budget(g))
         levers.append(Lever(name, how, trace.peak_bytes, round(slowdown, 3), fits, changes_job))
     asked = {g.name for g in gpus}
