@@ -55,8 +55,10 @@ def summarise(rows: list[dict]) -> dict:
                      "AdamW, clip 1.0) over an in-memory token dataset; the planner traces the same step. "
                      "'fit_peak_bytes' is the peak over the whole fit (model build, loader, logging, the end of "
                      "the run); no evaluation and no checkpoint ran (eval.every_steps and checkpoint.every_steps "
-                     "unset, no validation data): where it is above the step's peak, what lies outside the step "
-                     "window is host-side bookkeeping (see the cases).",
+                     "unset, no validation data). Where it is above the step's peak (LoRA), it is the end of the "
+                     "run: the final weights written (Checkpointer.write_final: the state dict gathered on the "
+                     "host, the safetensors bytes, peft's adapter files): host RAM, which the plan reports apart "
+                     "(host_ram's 'final save'), not the step's device memory.",
             "window": "trainwise.train_step (record_function range of TrainStep.__call__)"}
 
 
@@ -238,16 +240,19 @@ def main() -> None:
     args = parser.parse_args()
     parts = args.part or list(PARTS)
     started = time.perf_counter()
-    path = Path(__file__).resolve().parent / "results" / "llm_plan.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    result = {key: previous.get(key) for key in ("truth_on_cpu", "published_setups", "plan_speed", "part_seconds")}
-    result["part_seconds"] = dict(result["part_seconds"] or {})
+    measured, seconds = {}, {}
     for part, key, run in (("truth", "truth_on_cpu", truth_on_cpu), ("published", "published_setups", published_setups),
                            ("speed", "plan_speed", plan_speed)):
         if part in parts:
             part_started = time.perf_counter()
-            result[key] = run()
-            result["part_seconds"][part] = round(time.perf_counter() - part_started, 1)
+            measured[key] = run()
+            seconds[part] = round(time.perf_counter() - part_started, 1)
+    # the other parts as the file holds them now (read at the end: another part may have run meanwhile)
+    path = Path(__file__).resolve().parent / "results" / "llm_plan.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    result = {key: previous.get(key) for key in ("truth_on_cpu", "published_setups", "plan_speed")}
+    result.update(measured)
+    result["part_seconds"] = {**(previous.get("part_seconds") or {}), **seconds}
     truth, speed = result["truth_on_cpu"] or {}, result["plan_speed"] or []
     big = next((r for r in speed if r["model"] == "llama-3.1-70b" and r["mode"] == "advice" and "error" not in r), None)
     targets = {"median_abs_error<=2%": truth.get("median_abs_error", 1) <= 0.02,
