@@ -132,3 +132,30 @@ def test_plan_cli_without_the_extra_says_what_to_install(monkeypatch, capsys):
 
 def test_an_unknown_config_path_is_refused(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(tmp_path / "nope" / "config.json")), "never downloads")
+
+
+def test_each_region_of_the_step_is_extended_on_its_own_line():
+    # at 1-2 blocks the peak is in backward of the head, at 4 at the end of forward: extending the highest point
+    # of the shallow traces misses it; the highest of the regions' extended lines does not
+    from trainwise.plan.llm_plan import extend
+    from trainwise.plan.memory import StepTrace
+
+    def trace(forward, head):
+        parts = {"micro_batches": {"activations": max(forward, head)}, "forward": {"activations": forward},
+                 "backward of the head": {"activations": head}, "optimizer": {"parameters": 1}}
+        where = {"forward": "forward of lm_head", "backward of the head": "backward", "optimizer": "optimizer step",
+                 "micro_batches": ""}
+        return StepTrace(2, max(forward, head), parts["micro_batches"], max(forward, head), 1, 0, 0, 0, 0, 0, {}, 0,
+                         0, 0, 0, "cpu", "fp32", part_breakdowns=parts, part_where=where)
+    extended = extend(trace(forward=60, head=64), trace(forward=70, head=72), (1, 2), 4)
+    assert extended.peak_bytes == 90 and extended.peak_where == "forward of lm_head"
+
+
+@pytest.mark.parametrize("method", ["lora", "freeze"])
+def test_model_facts_extended_from_two_depths_equal_the_whole_models(method):
+    from trainwise.plan.llm_plan import _facts, model_facts
+    from trainwise.plan.llm_step import build_lm
+
+    planned = job(method=method)
+    assert traced_depths(planned) is not None
+    assert model_facts(planned) == _facts(build_lm(planned, device="meta"))

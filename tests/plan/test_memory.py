@@ -279,3 +279,25 @@ def test_models_that_deepcopy_layers_while_built_are_traced_like_any_other():
 
     s = step(Encoder, shape=(128,), classes=2, batch=8)
     assert trace_step(s).peak_bytes == pytest.approx(measured_peak_bytes(s, torch.device("cpu")), rel=0.02)
+
+
+class TiedHead(nn.Module):
+    """An embedding read twice (the lookup and the output head): its two gradients meet in backward."""
+
+    def __init__(self, vocab=4096, width=64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids).mean(1))
+
+
+def test_tied_gradients_are_summed_in_place_as_autograd_does_for_real():
+    # under bf16 autocast the head's gradient arrives as a fresh fp32 copy: autograd adds the lookup's gradient
+    # into it; fake tensors are added out of place (a tensor subclass), one table more than the real step
+    s = step(TiedHead, shape=(8,), classes=4096, batch=4, input_dtype=torch.int64, vocabulary_size=4096,
+             precision="bf16")
+    trace = trace_step(s)
+    assert trace.peak_bytes == pytest.approx(measured_peak_bytes(s, torch.device("cpu")), rel=0.01)

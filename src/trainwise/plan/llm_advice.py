@@ -4,7 +4,8 @@ offload), host RAM including the final save, and the levers that make it fit, ra
 The levers are re-planned, not guessed: each changed job is traced again (at one sequence per micro-batch, the
 least any job runs with), so "LoRA + checkpointing fits a 24 GB card" is a traced statement. A lever the job
 already uses is never offered. Slowdowns are the traced FLOPs ratio (checkpointing's recomputation, LoRA's
-missing weight gradients), FSDP's scaling efficiency (advise.py), and two stated assumptions: QLoRA's
+missing weight gradients), FSDP's scaling efficiency (advise.py; FSDP over N cards and a bigger card of the
+catalogue are levers too, the job itself unchanged), and two stated assumptions: QLoRA's
 dequantisation (x1.3, as reported by QLoRA/Unsloth users) and CPU offload (x2: every step moves the states
 over PCIe).
 """
@@ -20,7 +21,7 @@ from trainwise.plan.llm_step import LmJob
 QLORA_SLOWDOWN = 1.3
 OFFLOAD_SLOWDOWN = 2.0
 LOSS_CHUNK = 1024
-
+FSDP_CARDS = (2, 4, 8, 16, 32, 64)  # FSDP layouts offered as a lever: the fewest that fit
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Lever:
     slowdown: float  # step time relative to the job as given (1.0 = none)
     fits: tuple[str, ...] = ()  # cards it fits on alone
     changes_job: bool = False  # shorter context: a different job, offered last
+    hardware: bool = False  # more cards or a bigger one: the job itself unchanged
 
 
 @dataclass
@@ -133,22 +135,54 @@ def candidate_levers(job: LmJob) -> list[tuple[str, str, LmJob, float, bool]]:
     return out
 
 
-def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...]) -> tuple[list[Lever], Lever | None]:
-    """Every lever not in use, traced, ranked: those that fit a card first, by slowdown; then by peak. When
-    none fits the smallest card asked about alone, the cheapest levers are combined until the job fits."""
+def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...],
+                catalogue: tuple[Gpu, ...] = ()) -> tuple[list[Lever], Lever | None]:
+    """Every lever not in use, traced, ranked: those that fit a card asked about first, by slowdown; then the
+    hardware levers (a bigger card of `catalogue`); then by peak. When none fits the smallest card asked
+    about alone, the cheapest levers are combined until the job fits."""
     base = est.traces[0]
     smallest = min(gpus, key=lambda g: g.memory_bytes)
-    levers = []
+    levers = hardware_levers(est, smallest, catalogue)
     for name, how, changed, extra, changes_job in candidate_levers(est.job):
-        trace = peak_at_micro_one(changed)
-        slowdown = extra * trace.micro_batch_flops / max(base.micro_batch_flops, 1)
+        # the optimizer and the weights' dtype change no matrix product: no FLOP-counting pass for them
+        same_work = changed.with_changes(optimizer=est.job.optimizer, dtype=est.job.dtype) == est.job
+        trace = peak_at_micro_one(changed, count_flops=not same_work)
+        slowdown = extra * (1.0 if same_work else trace.micro_batch_flops / max(base.micro_batch_flops, 1))
         fits = tuple(g.name for g in gpus if trace.peak_bytes <= card_budget(g))
         levers.append(Lever(name, how, trace.peak_bytes, round(slowdown, 3), fits, changes_job))
-    levers.sort(key=lambda l: (l.changes_job, not l.fits, l.slowdown if l.fits else l.peak_bytes))
+    asked = {g.name for g in gpus}
+    levers.sort(key=lambda l: (l.changes_job, not asked & set(l.fits), not l.fits,
+                               l.slowdown if l.fits else l.peak_bytes))
     combined = None
-    if not any(smallest.name in l.fits for l in levers if not l.changes_job):
-        combined = combine(est.job, [l for l in levers if not l.changes_job], smallest)
+    on_one_card = [l for l in levers if not (l.changes_job or l.hardware)]
+    if not any(smallest.name in l.fits for l in on_one_card):
+        combined = combine(est.job, on_one_card, smallest)
     return levers, combined
+
+
+def hardware_levers(est: LmEstimate, gpu: Gpu, catalogue: tuple[Gpu, ...]) -> list[Lever]:
+    """The job unchanged on more hardware, when it does not fit `gpu` alone: FSDP over the fewest of these
+    cards that hold it (per-rank memory; slowdown = card-time over one card's, FSDP's scaling efficiency),
+    and the smallest card of `catalogue` that holds it alone (no slowdown counted: the job is the same)."""
+    inputs, options = advice_estimates(est), rules.Options(max_gpus=FSDP_CARDS[-1])
+    alone = rules.plan_card(inputs, gpu, options, 1, "single")
+    if alone.fits:
+        return []
+    out = []
+    for cards in FSDP_CARDS:
+        row = rules.plan_card(inputs, gpu, options, cards, "fsdp")
+        if row.fits:
+            slowdown = cards * row.step_time_s / max(alone.step_time_s, 1e-12)
+            out.append(Lever(f"FSDP over {cards} x {gpu.name}", f"trainwise train --nproc {cards} ... "
+                             "train.strategy=fsdp", row.needed_bytes, round(slowdown, 3), (gpu.name,), hardware=True))
+            break
+    for card in sorted(catalogue, key=lambda g: (g.memory_bytes, g.name)):
+        row = rules.plan_card(inputs, card, options, 1, "single")
+        if card.memory_bytes > gpu.memory_bytes and row.fits:
+            out.append(Lever(f"a bigger card ({card.name}, {card.memory_gib:g} GiB)", f"--gpu {card.name}",
+                             row.needed_bytes, 1.0, (card.name,), hardware=True))
+            break
+    return out
 
 
 def combine(job: LmJob, levers: list[Lever], gpu: Gpu) -> Lever | None:

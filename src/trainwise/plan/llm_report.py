@@ -58,7 +58,7 @@ def make_lm_plan(job: LmJob, gpu_names: tuple[str, ...] = (), max_gpus: int = 8,
     rows = layouts(est, gpus, max_gpus)
     result = LmAdvice(layouts=rows, host_ram=host_ram(est))
     if advice and any(r.cards == 1 and not r.fits for r in rows):
-        result.levers, result.combined = rank_levers(est, gpus)
+        result.levers, result.combined = rank_levers(est, gpus, load_gpus())
     notes = list(notes or []) + job_notes(job)
     return LmPlanReport(est, result, gpus, time.perf_counter() - started, notes)
 

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -35,7 +34,9 @@ from trainwise.config import OptimConfig
 from trainwise.plan.fake_build import (build_faked, build_on_meta, dense_gradients, into_mode,
                                        largest_module_parameter_bytes, make_batch)
 from trainwise.plan.flops import FlopTally
+from trainwise.plan.input_buffers import GradientBuffers
 from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
+from trainwise.plan.step_phases import label_gradients, region_now, run_labelled
 from trainwise.train.optim import build_optimizer
 from trainwise.runtime.precision import make_scaler
 from trainwise.train.step import TrainStep, default_loss
@@ -162,9 +163,9 @@ class AllocationTracker(TorchDispatchMode):
         self.rounding = rounding
         self.hidden_workspace = hidden_workspace
         self.phase: str = "activations"
+        self.region = ""  # step_phases.REGIONS
         self.in_optimizer = False
-        self.total = 0
-        self.clock = 0
+        self.total = self.clock = 0
         self.peak = {"micro_batches": 0, "optimizer": 0}
         self.peak_time = {"micro_batches": 0, "optimizer": 0}
         self.bytes_written = {"micro_batches": 0, "optimizer": 0}
@@ -174,6 +175,7 @@ class AllocationTracker(TorchDispatchMode):
         self._records: dict[int, _Storage] = {}  # id(storage) -> record, while the storage lives
         self.bounded_ops: set[str] = set()  # kernels whose workspace is a bound (workspaces.copies_bound)
         self._history: list[_Storage] = []
+        self.buffers = GradientBuffers()  # autograd's in-place sums of two gradients (input_buffers.py)
 
     def enter_optimizer(self) -> None:
         self.phase = "temporaries"
@@ -215,10 +217,11 @@ class AllocationTracker(TorchDispatchMode):
         return self.phase
 
     def _check_peak(self) -> None:
-        if self.total > self.peak[self.part]:
-            self.peak[self.part] = self.total
-            self.peak_time[self.part] = self.clock
-            self.peak_where[self.part] = self._where()
+        # the part, and the region of forward/backward the step is in (step_phases.py)
+        region = region_now(self.region)
+        for part in (self.part, region) if region and not self.in_optimizer else (self.part,):
+            if self.total > self.peak.get(part, 0):
+                self.peak[part], self.peak_time[part], self.peak_where[part] = self.total, self.clock, self._where()
 
     def _where(self) -> str:
         """Where the step is: forward / backward / optimizer step, and in which module (innermost)."""
@@ -242,6 +245,8 @@ class AllocationTracker(TorchDispatchMode):
     def _free(self, key: int, record: _Storage) -> None:
         if self._records.get(key) is record:
             del self._records[key]
+        if record.died is not None:  # its memory became another tensor's (reused below)
+            return
         self.clock += 1
         record.died = self.clock
         self.total -= record.nbytes
@@ -258,6 +263,9 @@ class AllocationTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "aten":  # fake tensors also route prim.device etc. here; those are no kernels
             self.ops[self.part] += 1
+        reused = self.buffers.reused_operand(func, args, kwargs, out)
+        if reused is not None and id(reused.untyped_storage()) in self._records:  # the result takes its memory
+            self._free(-1, self._records[id(reused.untyped_storage())])
         memory = None
         if self.hidden_workspace is not None:  # the real kernel's outputs and what it allocates inside
             out, memory = self.hidden_workspace(func, args, kwargs, out)
@@ -298,15 +306,15 @@ def trace_step(step: TrainingStep) -> StepTrace:
         del built
         host_batches = [[make_batch(step) for _ in range(step.accumulation_steps)] for _ in range(2)]
         with tracker:
-            for p in model.parameters():
-                tracker.track(p, "parameters")
-            for b in model.buffers():
-                tracker.track(b, "parameters")
+            for tensor in (*model.parameters(), *model.buffers()):
+                tracker.track(tensor, "parameters")
             train_step = build_train_step(step, model, torch.device("cpu"), to_device)
-            _label_gradients(tracker, train_step.parameters)
-            _run_labelled(tracker, step, train_step, host_batches.pop(0))
-            ops_before, written_before = dict(tracker.ops), dict(tracker.bytes_written)
-            _run_labelled(tracker, step, train_step, host_batches.pop(0))
+            label_gradients(tracker, train_step.parameters)
+            while host_batches:  # the second step is the steady state: its ops and bytes are the step's
+                ops_before, written_before = dict(tracker.ops), dict(tracker.bytes_written)
+                batches = host_batches.pop(0)
+                run_labelled(tracker, train_step, batches[:traced_micro_batches(step)],
+                             batches if step.device_kind == "cpu" else [])
             state_bytes = sum(value.untyped_storage().nbytes() for state in train_step.optimizer.state.values()
                               for value in state.values() if isinstance(value, torch.Tensor))
         # FLOPs in a pass of their own: FlopCounterMode's module hooks keep checkpointed tensors alive
@@ -341,54 +349,3 @@ def trace_step(step: TrainingStep) -> StepTrace:
         part_breakdowns={part: tracker.live_at(tracker.peak_time[part]) for part in tracker.peak},
         part_where=dict(tracker.peak_where),
     )
-
-
-def _label_gradients(tracker: AllocationTracker, parameters: list[nn.Parameter]) -> None:
-    # a gradient is a temporary of backward until autograd stores it in .grad
-    for p in parameters:
-        p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, "gradients"))
-
-
-def _run_labelled(tracker: AllocationTracker, step: TrainingStep, train_step: TrainStep,
-                  host_batches: list) -> None:
-    """One optimizer step. Forward outputs are activations, everything made in backward and the optimizer
-    temporaries; the optimizer's moments are relabelled as optimizer state once it has made them."""
-    if step.device_kind == "cpu":  # the batches are device memory for the whole step
-        for batch in host_batches:
-            for tensor in (batch.values() if isinstance(batch, dict) else batch):
-                tracker.track(tensor, "activations")
-    model = train_step.model
-
-    def forward_phase(_module, _args):
-        tracker.phase = "activations"
-
-    def backward_phase_after(_module, _args, output):
-        # backward of the model starts when the gradient of its output arrives
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(lambda grad: setattr(tracker, "phase", "temporaries"))
-
-    handles = [model.register_forward_pre_hook(forward_phase),
-               model.register_forward_hook(backward_phase_after)]
-    pre = register_optimizer_step_pre_hook(lambda *_: tracker.enter_optimizer())
-    post = register_optimizer_step_post_hook(lambda opt, *_: _label_state(tracker, opt))
-    # which module runs, for where the peak falls (a hook that keeps no tensors: torch's ModuleTracker would
-    # keep checkpointed activations alive, as FlopCounterMode does)
-    names = {id(module): name for name, module in model.named_modules()}
-    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(
-        lambda module, _args: setattr(tracker, "module", names.get(id(module), tracker.module))))
-    try:
-        computed = host_batches[:traced_micro_batches(step)]
-        loss = train_step.accumulate(computed)
-        train_step.update(loss)
-    finally:
-        for handle in (*handles, pre, post):
-            handle.remove()
-        tracker.phase = "activations"
-
-
-def _label_state(tracker: AllocationTracker, optimizer: torch.optim.Optimizer) -> None:
-    tracker.in_optimizer = False
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                tracker.track(value, "optimizer_state")

@@ -109,6 +109,11 @@ def cpu_peak_bytes(run: Callable[[], None], within: str | None = None) -> int:
 
     With `within`, the peak is taken only inside the profiler ranges of that name (record_function), while
     the running total still counts everything allocated before and outside them."""
+    return cpu_peaks(run, within)[0]
+
+
+def cpu_peaks(run: Callable[[], None], within: str | None = None) -> tuple[int, int]:
+    """(the peak inside the `within` ranges, the peak over all of `run`) from one profiled run."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -135,12 +140,13 @@ def cpu_peak_bytes(run: Callable[[], None], within: str | None = None) -> int:
         raise RuntimeError(f"no profiler range named {within!r} ran")
     events.sort()
     windows.sort()
-    live = peak = 0
+    live = peak = overall = 0
     for time_ns, size in events:
         live += size
+        overall = max(overall, live)
         if within is None or any(start <= time_ns <= end for start, end in windows):
             peak = max(peak, live)
-    return peak
+    return peak, overall
 
 
 def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
