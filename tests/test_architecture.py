@@ -3,7 +3,8 @@
 Every `import` counts: top-level, inside a function (a lazy import is still a dependency), and under
 TYPE_CHECKING. A room is the first name under `trainwise` (a package such as `train`, or a module such as
 `errors`). Every room is listed in ALLOWED with the rooms it may import; there are no exemptions, and a new
-room fails here until it is given its place.
+room fails here until it is given its place. The README's "Layout" section lists every room, each above the
+rooms it may import, and a test holds the list and the table to each other.
 """
 from __future__ import annotations
 
@@ -191,6 +192,49 @@ def test_every_room_on_disk_has_its_place():
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     rooms |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
     assert rooms - set(ALLOWED) == set()
+
+
+README = SRC.parent / "README.md"
+
+
+def readme_layout(readme: Path = README) -> list[str]:
+    """The rooms the README's Layout section lists, top to bottom (`__init__.py` is the package root, "")."""
+    text = readme.read_text()
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```") + 3:]
+    block = block[:block.index("```")]
+    rooms = []
+    for line in block.splitlines():
+        name = line[2:].split(" ")[0] if line.startswith("  ") and not line.startswith("   ") else ""
+        if name.endswith("/") or name.endswith(".py"):
+            stem = name.rstrip("/").removesuffix(".py")
+            rooms.append("" if stem == "__init__" else stem)
+    return rooms
+
+
+def layout_disagreements(layout: list[str]) -> list[str]:
+    """Where the README's list and ALLOWED disagree: a room missing from either, or a room allowed to import
+    one the list puts above it (imports point down the list)."""
+    found = [f"{room or '__init__.py'} is in ALLOWED but not in the README's Layout" for room in ALLOWED
+             if room not in layout]
+    found += [f"{room} is in the README's Layout but not in ALLOWED" for room in layout if room not in ALLOWED]
+    position = {room: index for index, room in enumerate(layout)}
+    for room, targets in ALLOWED.items():
+        for target in sorted(targets):
+            if room in position and target in position and position[target] < position[room]:
+                found.append(f"{room or '__init__.py'} may import {target}, which the README lists above it")
+    return found
+
+
+def test_the_readme_layout_lists_every_room_in_the_order_of_the_import_table():
+    assert layout_disagreements(readme_layout()) == []
+
+
+def test_the_layout_check_sees_a_missing_room_and_an_upward_import():
+    layout = [room for room in readme_layout() if room != "llm"]
+    assert "llm is in ALLOWED but not in the README's Layout" in layout_disagreements(layout)
+    upside_down = ["errors", *[room for room in readme_layout() if room != "errors"]]
+    assert "config may import errors, which the README lists above it" in layout_disagreements(upside_down)
 
 
 def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:

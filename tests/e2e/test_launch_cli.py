@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import ONE_THREAD, ROOT, invoke
 from tests.conftest import finish_job
-from trainwise.train.launch import Launch
+from trainwise.launch.torchrun import Launch
 
 ARGS = ["breast-cancer", "train.max_steps=12", "schedule.warmup_steps=3", "train.batch_size=32",
         "train.micro_batch_size=16", "model.args.dropout=0", "data.augment=false", "eval.every_steps=6",

@@ -11,7 +11,7 @@ from trainwise.train.step import IGNORE_INDEX, TrainStep
 def gradients(micro_batches, accumulation):
     model = tiny_gpt()
     step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=None, precision="fp32",
-                     device=torch.device("cpu"), accumulation_steps=accumulation)
+                     device=torch.device("cpu"))
     loss = step.accumulate(micro_batches)
     return loss, {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -55,7 +55,7 @@ def _rank_worker(rank: int, world: int, init_file: str, out: str) -> None:
         model = tiny_gpt()
         ddp = DistributedDataParallel(model)
         step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=None, precision="fp32",
-                         device=torch.device("cpu"), accumulation_steps=2, forward=ddp, no_sync=ddp.no_sync)
+                         device=torch.device("cpu"), forward=ddp, no_sync=ddp.no_sync)
         mine = split_rows(token_batches(rows=8), 2)[rank::world]  # ranks get different token counts
         outcome = step(mine)
         dist.all_reduce(loss := outcome.loss.clone())
@@ -73,7 +73,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     ranks = torch.load(tmp_path / "out.pt")
     model = tiny_gpt()
     step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=None, precision="fp32",
-                     device=torch.device("cpu"), accumulation_steps=4)
+                     device=torch.device("cpu"))
     outcome = step(split_rows(token_batches(rows=8), 2))
     torch.testing.assert_close(ranks["loss"], outcome.loss)
     for name, value in model.state_dict().items():

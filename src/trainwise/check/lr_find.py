@@ -72,7 +72,7 @@ def sweep(model: nn.Module, train_data: Dataset, *, config: RunConfig, task: str
     precision = resolve_precision(train.precision, device)
     probe = copy.deepcopy(model).to(device).train()
     step = TrainStep.from_config(probe, config, task=task, device=device, precision=precision,
-                                 accumulation_steps=accumulation_steps, augment=augment)  # no scheduler: the sweep sets lr
+                                 augment=augment)  # no scheduler: the sweep sets lr
     optimizer = step.optimizer
 
     lrs: list[float] = []

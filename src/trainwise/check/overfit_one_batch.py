@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from trainwise.diagnose.findings import Finding
+
+if TYPE_CHECKING:
+    from trainwise.train.step import TrainStep
 
 PROBE_STEPS = 40  # "a few dozen": enough for Adam at a usual LR to memorise 32 rows, and well under a second
 # Sharp: the loss must end below this share of its start. A wired model memorising one batch drops far
@@ -60,17 +64,26 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
                       device: torch.device | None = None, grad_clip_norm: float | None = 1.0,
                       steps: int = PROBE_STEPS, model_name: str | None = None,
                       planned_steps: int | None = None, random_base: bool = False) -> Finding:
-    """Train `model` on one batch for `steps` steps; an info finding when the loss falls sharply, a warning
-    when it falls slowly, an error when it does not fall or the step fails. `inputs` may be a token batch
-    (a dict, `targets` None). The probe stops early when its time is up (`probe_budget_s` of a run of
-    `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit.
-    `random_base`: the frozen base under the adapters was initialised at random, not trained (said if it fails)."""
-    from trainwise.train.step import TrainStep
+    """The probe on a step assembled from these parts as every step is (TrainStep.from_settings); a run's
+    check builds its step from the run's config instead (`probe_step`)."""
+    from trainwise.train.step import StepSettings, TrainStep
 
     device = device or torch.device("cpu")
-    model.to(device).train()
-    step = TrainStep(model, optimizer, loss_fn=loss_fn, precision=precision, device=device,  # type: ignore[arg-type]
-                     accumulation_steps=1, grad_clip_norm=grad_clip_norm, model_name=model_name)
+    model.to(device)
+    settings = StepSettings(precision=precision, grad_clip_norm=grad_clip_norm, model_name=model_name)  # type: ignore[arg-type]
+    step = TrainStep.from_settings(model, optimizer, settings, device=device, loss_fn=loss_fn)
+    return probe_step(step, inputs, targets, steps=steps, planned_steps=planned_steps, random_base=random_base)
+
+
+def probe_step(step: "TrainStep", inputs: torch.Tensor | dict[str, torch.Tensor], targets: torch.Tensor | None,
+               *, steps: int = PROBE_STEPS, planned_steps: int | None = None, random_base: bool = False) -> Finding:
+    """Train `step`'s model on one batch for `steps` steps; an info finding when the loss falls sharply, a
+    warning when it falls slowly, an error when it does not fall or the step fails. `inputs` may be a token
+    batch (a dict, `targets` None). The probe stops early when its time is up (`probe_budget_s` of a run of
+    `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit.
+    `random_base`: the frozen base under the adapters was initialised at random, not trained (said if it fails)."""
+    model, optimizer, device = step.model, step.optimizer, step.device
+    model.train()
     run_lr = optimizer.param_groups[0]["lr"]
     adapters = any(not p.requires_grad for p in model.parameters())
     if adapters:  # the probe's own optimizer: the run's is built afresh

@@ -4,7 +4,7 @@
     findings = sanity_check(load_recipe("digits"))      # worst first; any "error" means: do not train yet
 
 Builds the recipe's data and a fresh model the way `train` does, then checks the labels and inputs of each
-split (diagnose/sanity_data.py) and runs the overfit-one-batch probe (diagnose/sanity_probe.py). Fast by
+split (diagnose/sanity_data.py) and runs the overfit-one-batch probe (check/overfit_one_batch.py). Fast by
 design: at most MAX_ROWS rows of each split are read, and the probe is a few dozen steps on one batch.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.diagnose.findings import Finding, worst_first
 from trainwise.diagnose.sanity_data import SplitData, data_findings
-from trainwise.check.overfit_one_batch import overfit_one_batch
+from trainwise.check.overfit_one_batch import probe_step
 
 # Rows read per split: enough to see the label distribution, a NaN or a duplicate of any built-in data set
 # whole, and a large prepared one in well under a second.
@@ -55,9 +55,8 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     from trainwise.diagnose.task_profile import check_monitor, task_profile, validation_kind
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
-    from trainwise.train.optim import build_optimizer
     from trainwise.runtime.precision import resolve_precision
-    from trainwise.train.step import default_loss
+    from trainwise.train.step import TrainStep
 
     started = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -81,13 +80,12 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
     if getattr(model, "counted", False):  # fitted by counting (the popularity baseline): nothing to memorise
         return worst_first(findings)
     device = resolve_device(config.train.device)
-    findings.append(overfit_one_batch(
-        model, inputs, targets, optimizer=build_optimizer(model.to(device), config.optim),
-        loss_fn=default_loss(spec.task, config.train.label_smoothing),
-        precision=resolve_precision(config.train.precision, device), device=device,
-        grad_clip_norm=config.train.grad_clip_norm, model_name=config.model.factory or config.model.name,
-        planned_steps=config.train.total_steps(len(bundle.train)) * max(1, config.train.batch_size // rows),
-        random_base=config.model.hf is None and config.model.factory is None))  # hf_config or a built-in
+    # the run's own step (TrainStep.from_config), so what the probe finds is what training would meet
+    step = TrainStep.from_config(model.to(device), config, task=spec.task, device=device,
+                                 precision=resolve_precision(config.train.precision, device))
+    findings.append(probe_step(step, inputs, targets, planned_steps=config.train.total_steps(len(bundle.train))
+                               * max(1, config.train.batch_size // rows),
+                               random_base=config.model.hf is None and config.model.factory is None))  # hf_config, built-in
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 

@@ -28,8 +28,7 @@ def model_rate(config: RunConfig, spec: DataSpec, batch: tuple[torch.Tensor, tor
 
     precision = resolve_precision(config.train.precision, device)  # bf16 on a recent GPU, as in training
     model = build_model(config, spec).to(device)
-    train_step = TrainStep.from_config(model, config, task=spec.task, device=device, precision=precision,
-                                       accumulation_steps=1)
+    train_step = TrainStep.from_config(model, config, task=spec.task, device=device, precision=precision)
     inputs, targets = (t.to(device) for t in batch)
     batch_size = len(inputs)
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
-from trainwise.train.launch import Launch, inside_a_launch, launch
+from trainwise.launch.torchrun import Launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException

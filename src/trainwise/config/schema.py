@@ -202,6 +202,11 @@ class TrainConfig(Section):
         """Micro-batches per optimizer step in one process (derived.accumulation_steps)."""
         return accumulation_steps(self.batch_size, self.micro_batch)
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether the run's checkpoints are sharded directories (fsdp, also in one process) or files."""
+        return self.strategy == "fsdp"
+
     def micro_batch_for(self, ranks: int) -> int:
         """Samples per forward on each of `ranks` ranks: the micro-batch set, or when none is set (or `auto`
         is not resolved yet) the global batch split over the ranks. Every rank takes the same share of each

@@ -1,5 +1,6 @@
 """Starting and resuming runs (`trainwise train`, `trainwise resume`, the library's `train_run`): build the data
-and the model a config names, run the sanity checks, train with the engine into a run directory.
+and the model a config names, run the sanity checks, train with the engine into a run directory (runs.py);
+start the ranks of a `--nproc N` job with PyTorch's own launcher (torchrun.py).
 
     from trainwise.launch import train_run, resume_run
 """

@@ -16,13 +16,13 @@ from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.layout import RunDir
+from trainwise.rundir.checkpoint_files import read_checkpoint_header, resume_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.rundir.trust import require_trust
 from trainwise.runtime.seed import seed_everything
 from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.run_task import ValidateAsBuilt
-from trainwise.train.checkpoint import latest_checkpoint, read_checkpoint_header
 from trainwise.train.distributed import launched_ranks, leaving_the_job
 from trainwise.train.trainer import Trainer
 
@@ -124,9 +124,10 @@ def resume_run(path: str | Path, callbacks: Sequence[Callback] = (), *, trust_co
         raise RunDirError(f"{run.path} already completed; there is nothing to resume. Train a new run with "
                           "more steps, or evaluate this one with `trainwise eval`.")
     config = run.read_config()
-    sharded = config.train.strategy == "fsdp"
+    sharded = config.train.sharded_checkpoints
     # no checkpoint to trust at all, or another config than it was trained with: say so before building anything
-    choice = latest_checkpoint(run, sharded=sharded)
+    # (the engine's Checkpointer asks the same rule, rundir's resume_checkpoint, for the one it loads)
+    choice = resume_checkpoint(run, sharded=sharded)
     check_config_unchanged(run, config, choice, sharded=sharded, allow_change=allow_config_change)
     with leaving_the_job():
         build_trainer(config, run, callbacks).fit(resume=True)

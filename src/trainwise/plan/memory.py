@@ -38,8 +38,7 @@ from trainwise.plan.input_buffers import GradientBuffers
 from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
 from trainwise.plan.step_phases import label_gradients, region_now, run_labelled
 from trainwise.train.optim import build_optimizer
-from trainwise.runtime.precision import make_scaler
-from trainwise.train.step import TrainStep, default_loss
+from trainwise.train.step import StepSettings, TrainStep
 
 DeviceKind = Literal["cpu", "cuda"]
 Category = Literal["parameters", "gradients", "optimizer_state", "activations", "temporaries"]
@@ -119,16 +118,15 @@ class StepTrace:
 
 def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
                      to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainStep:
-    """train/step.py's TrainStep with `step`'s settings, built from the same factories the Trainer uses:
-    its optimizer (fused, decay groups), its loss, its scaler, its clipping."""
+    """train/step.py's TrainStep with `step`'s settings, assembled as the Trainer's is (TrainStep.from_settings,
+    which TrainStep.from_config calls): its optimizer (fused, decay groups), its loss, its scaler, its clipping."""
     if step.optimizer in PLANNED_OPTIMIZERS:  # stand-ins with the real one's memory (plan/optimizers.py)
         optimizer = PLANNED_OPTIMIZERS[step.optimizer](model, step.optimizer_args)
     else:
         optimizer = build_optimizer(model, OptimConfig(name=step.optimizer, **step.optimizer_args))
-    train_step = TrainStep(model, optimizer, loss_fn=default_loss(step.task, step.label_smoothing),
-                           precision=step.precision, device=device, accumulation_steps=step.accumulation_steps,
-                           grad_clip_norm=step.grad_clip_norm, scaler=make_scaler(step.precision, device),
-                           to_device=to_device)
+    settings = StepSettings(precision=step.precision, task=step.task, grad_clip_norm=step.grad_clip_norm,
+                            label_smoothing=step.label_smoothing)
+    train_step = TrainStep.from_settings(model, optimizer, settings, device=device, to_device=to_device)
     if step.prepare is not None:
         step.prepare(train_step)
     return train_step

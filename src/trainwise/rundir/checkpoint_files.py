@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwise.errors import RunDirError
 from trainwise.rundir.atomic import atomic_link, atomic_write_digest
-from trainwise.rundir.integrity import Ledger, disk_full_advice
+from trainwise.rundir.integrity import CheckpointChoice, Ledger, disk_full_advice
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
@@ -82,3 +82,13 @@ def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict
         if not isinstance(state, dict):
             state = read_checkpoint(path)
     return {key: state.get(key) for key in ("step", "config", "config_hash")}
+
+
+def resume_checkpoint(run_dir: "RunDir", *, sharded: bool) -> CheckpointChoice:
+    """The one rule for the checkpoint a resume continues from, asked by `trainwise resume` (to check the
+    config before building anything) and by the engine's Checkpointer (to load it): `last`, or the newest step
+    whose checksum verifies; for sharded runs, the newest complete directory. RunDirError when there is none
+    to trust."""
+    if sharded:
+        return run_dir.checkpoint_dirs.latest(run_dir.path)
+    return run_dir.latest_intact_checkpoint()

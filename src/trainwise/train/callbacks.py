@@ -3,7 +3,8 @@ instead of editing the loop.
 
 Each method is called at one named moment with the trainer (read its `config`, `run_dir`, `device`, `model`,
 `step`, `epoch`, `max_steps`) and the record just produced. A callback must not change the model or the
-optimizer; it may call `trainer.request_stop(reason)`.
+optimizer; it may call `trainer.request_stop(reason)`, and `trainer.evaluate_and_checkpoint()` (the loop's
+evaluation point: validate, record, checkpoint) where the loop's cadence would not.
 """
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ Trainer only calls `save`, `choose`, `load`, `restore_best` and `final_weights`.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ import torch
 
 from trainwise.config.diff import config_record
 from trainwise.errors import DamagedFileError, RunDirError
-from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, read_checkpoint_header  # noqa: F401
+from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, resume_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.runtime.model_state import StateMismatch, check_same_base, kept_state, load_kept_state, save_record
 
@@ -68,15 +67,14 @@ def restore_rng(state: dict[str, Any]) -> None:
 class Checkpointer:
     """Everything a run needs to continue exactly where it is: the model, optimizer, scheduler, scaler, early
     stopping, the TrainState and every rank's RNG. Under torchrun each method is a collective: call it on
-    every rank. `resize(micro_batch_size)` is how a restored out-of-memory choice reaches the Trainer."""
+    every rank."""
 
     def __init__(self, run_dir: "RunDir", config: "RunConfig", *, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                 early_stopping: "EarlyStopping", state: "TrainState", ranks: "Ranks", sharded: bool,
-                 resize: Callable[[int], None]):
+                 early_stopping: "EarlyStopping", state: "TrainState", ranks: "Ranks", sharded: bool):
         self.run_dir, self.config, self.model, self.optimizer = run_dir, config, model, optimizer
         self.scheduler, self.scaler, self.early_stopping = scheduler, scaler, early_stopping
-        self.state, self.ranks, self.resize = state, ranks, resize
+        self.state, self.ranks = state, ranks
         self._sharded = sharded  # the one place file vs sharded storage is decided
 
     def size_bytes(self) -> int:
@@ -122,11 +120,11 @@ class Checkpointer:
         self.early_stopping.load_state_dict(saved["early_stopping"])
         per_rank = saved.get("rng_per_rank") or []
         restore_rng(per_rank[self.ranks.rank] if len(per_rank) == self.ranks.world_size else saved["rng"])
+        # an out-of-memory recovery's micro-batch comes back with the rest of the TrainState
         self.state.load_state_dict({"epoch": saved["data_position"]["epoch"],
                                     "batch_in_epoch": saved["data_position"]["batch"], "step": saved["step"],
-                                    "skipped_steps": saved["skipped_steps"]})
-        if saved.get("micro_batch_size", self.state.micro_batch_size) != self.state.micro_batch_size:
-            self.resize(saved["micro_batch_size"])
+                                    "skipped_steps": saved["skipped_steps"],
+                                    "micro_batch_size": saved.get("micro_batch_size", self.state.micro_batch_size)})
 
     def save(self, *, is_best: bool) -> Path:
         """Checkpoint the current step."""
@@ -140,12 +138,12 @@ class Checkpointer:
                                             is_best=is_best, keep_last=self.config.checkpoint.keep_last)
 
     def choose(self) -> CheckpointChoice:
-        """The checkpoint a resume continues from (`latest_checkpoint`), the same on every rank."""
+        """The checkpoint a resume continues from (rundir's `resume_checkpoint`), the same on every rank."""
         if self._sharded:
             from trainwise.train import sharded_checkpoint
 
             return sharded_checkpoint.choose(self.run_dir, self.ranks)
-        return latest_checkpoint(self.run_dir, sharded=False)
+        return resume_checkpoint(self.run_dir, sharded=False)
 
     def load(self, path: Path) -> None:
         """Continue from the checkpoint at `path`."""
@@ -207,11 +205,3 @@ class Checkpointer:
             check_same_base(self.model, saved)
         except StateMismatch as mismatch:
             raise RunDirError(f"the checkpoint does not fit the model built from the run's config: {mismatch}") from None
-
-
-def latest_checkpoint(run_dir: "RunDir", sharded: bool) -> CheckpointChoice:
-    """The one rule for the checkpoint a resume continues from (RunDirError when there is none to trust):
-    `last`, or the newest step whose checksum verifies; for sharded runs, the newest complete directory."""
-    if sharded:
-        return run_dir.checkpoint_dirs.latest(run_dir.path)
-    return run_dir.latest_intact_checkpoint()

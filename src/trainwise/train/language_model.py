@@ -83,16 +83,17 @@ def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -
 
 class TokenFigures:
     """What a log interval's tokens/s means for this model: FLOPs per token at the batches' sequence length,
-    and MFU against `owner.peak_flops` (set by PeakFlops; absent on a CPU)."""
+    and MFU against `peak_flops` (the card's, set by PeakFlops; None on a CPU)."""
 
-    def __init__(self, model: nn.Module, owner: object):
-        self.model, self.owner = model, owner
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.peak_flops: float | None = None
         self._flops: dict[int, float] = {}
 
     def __call__(self, tokens_per_s: float, seq_len: int) -> dict[str, float]:
         if seq_len not in self._flops:
             self._flops[seq_len] = flops_per_token(self.model, seq_len)
-        return token_figures(tokens_per_s, self._flops[seq_len], getattr(self.owner, "peak_flops", None))
+        return token_figures(tokens_per_s, self._flops[seq_len], self.peak_flops)
 
 
 def mfu_text(record: dict, device_type: str) -> str:
@@ -103,7 +104,8 @@ def mfu_text(record: dict, device_type: str) -> str:
 
 
 class PeakFlops(Callback):
-    """Gives the trainer its card's dense peak (FLOP/s) for the run's precision, looked up by the CLI."""
+    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by the
+    CLI."""
 
     def __init__(self, lookup: PeakLookup):
         self.lookup = lookup
@@ -114,7 +116,7 @@ class PeakFlops(Callback):
         import torch
 
         name = torch.cuda.get_device_name(trainer.device)
-        trainer.peak_flops = self.lookup(name, str(trainer.precision), bool(trainer.tf32))
+        trainer.token_figures.peak_flops = self.lookup(name, str(trainer.precision), bool(trainer.tf32))
 
 
 class KeepTokenizer(Callback):

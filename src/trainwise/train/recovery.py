@@ -35,13 +35,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from trainwise.config import accumulation_steps
 from trainwise.errors import TrainingError
 from trainwise.llm.methods import enable_gradient_checkpointing, gradient_checkpointing_enabled
 from trainwise.train.distributed import agree, average_gradients
-from trainwise.train.step import STEP_RANGE, MicroBatch, StepOutcome
+from trainwise.train.state import TrainState
+from trainwise.train.step import STEP_RANGE, MicroBatch, StepOutcome, TrainStep
 
 if TYPE_CHECKING:
-    from trainwise.train.trainer import Trainer
+    from trainwise.rundir.layout import RunDir
+    from trainwise.train.distributed import Ranks
 
 # optimizer steps guarded after a start, a resume or a micro-batch change: step 1's forward/backward runs
 # before the optimizer's moments exist, step 2's with them in place (the usual peak), step 3 covers the
@@ -50,13 +53,15 @@ GUARDED_STEPS = 3
 
 
 class OomGuard:
-    """Runs the Trainer's steps so that running out of memory is recoverable: one process catches it; the
-    ranks of a DDP job agree on it during the guarded steps (see the module docstring)."""
+    """Runs the steps of a run so that running out of memory is recoverable: one process catches it; the
+    ranks of a DDP job agree on it during the guarded steps (see the module docstring). Recovering changes
+    the run's TrainState (its micro-batch size: the one holder) or the model (gradient checkpointing)."""
 
-    def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
-        self.agreed = (trainer.ranks.enabled and trainer.strategy == "ddp"
-                       and trainer.config.train.oom_policy == "recover")
+    def __init__(self, train_step: TrainStep, state: TrainState, run_dir: "RunDir", ranks: "Ranks", *,
+                 batch_size: int, ddp: bool, recover: bool):
+        self.train_step, self.state, self.run_dir, self.ranks = train_step, state, run_dir, ranks
+        self.batch_size, self.recover_policy = batch_size, recover
+        self.agreed = ranks.enabled and ddp and recover
         self.guarded_left = GUARDED_STEPS if self.agreed else 0
 
     @property
@@ -66,8 +71,7 @@ class OomGuard:
     def may_recover(self) -> bool:
         """Under torchrun the other ranks wait in the gradient all-reduce: agreeing needs a collective that
         the failed rank can no longer reach, so only the guarded steps of a DDP run recover."""
-        recover = self.trainer.config.train.oom_policy == "recover"
-        return recover and (not self.trainer.ranks.enabled or self.guarding)
+        return self.recover_policy and (not self.ranks.enabled or self.guarding)
 
     def restart(self) -> None:
         """A new micro-batch: its first steps are guarded again."""
@@ -76,80 +80,79 @@ class OomGuard:
     def step(self, micro_batches: Sequence[MicroBatch]) -> tuple[StepOutcome | None, list[int]]:
         """(the step's outcome, []) or (None, the ranks that ran out of memory) when the step is to be retried
         smaller. Raises when running out of memory cannot be recovered from here."""
-        trainer = self.trainer
         if self.guarding:
             return self._guarded_step(micro_batches)
         try:
-            return trainer.train_step(micro_batches), []
+            return self.train_step(micro_batches), []
         except torch.OutOfMemoryError as error:
             if not self.may_recover():
                 if self.agreed:  # past the guarded steps the peers already wait in the all-reduce
-                    raise TrainingError(unagreed_oom_message(trainer)) from error
+                    raise TrainingError(unagreed_oom_message(self.ranks, self.state)) from error
                 raise
-        return None, [trainer.ranks.rank]  # outside the except clause: the failed step's frames are gone
+        return None, [self.ranks.rank]  # outside the except clause: the failed step's frames are gone
 
     def _guarded_step(self, micro_batches: Sequence[MicroBatch]) -> tuple[StepOutcome | None, list[int]]:
-        trainer = self.trainer
-        ranks = trainer.ranks
+        ranks = self.ranks
         with torch.profiler.record_function(STEP_RANGE):
             loss, out_of_memory = None, False
             try:
-                loss = trainer.train_step.accumulate(micro_batches, local=True)
+                loss = self.train_step.accumulate(micro_batches, local=True)
             except torch.OutOfMemoryError:
                 out_of_memory = True
             # one tiny all-reduce, one host read: which ranks got through
             failed = agree([out_of_memory and rank == ranks.rank for rank in range(ranks.world_size)],
-                           trainer.device)
+                           self.train_step.device)
             if any(failed):
                 return None, [rank for rank, flag in enumerate(failed) if flag]
-            average_gradients(trainer.train_step.parameters)
+            average_gradients(self.train_step.parameters)
             self.guarded_left -= 1
-            return trainer.train_step.update(loss), []
+            return self.train_step.update(loss), []
+
+    def recover(self, failed_ranks: Sequence[int] = ()) -> None:
+        """Free what the failed step held, then change one thing: a smaller micro-batch, else gradient
+        checkpointing; the caller retries the step on the same samples, guarded again. Raises when nothing is
+        left. Under DDP every rank calls it on the same step with the same state (`failed_ranks`: those that
+        ran out of memory), so every rank makes the same change."""
+        train_step, state, ranks = self.train_step, self.state, self.ranks
+        train_step.optimizer.zero_grad(set_to_none=True)  # a partial accumulation must not reach the update
+        gc.collect()
+        if train_step.device.type == "cuda":
+            torch.cuda.empty_cache()
+        step, old, batch_size = state.step + 1, state.micro_batch_size, self.batch_size
+        smaller = smaller_micro_batch(old, batch_size // ranks.world_size)
+        where = f" on rank {', '.join(map(str, failed_ranks))}" if ranks.enabled and failed_ranks else ""
+        evidence = {"ranks": list(failed_ranks)} if ranks.enabled else {}
+        if smaller is not None:
+            state.micro_batch_size = smaller  # accumulation steps, the sampler's cut and the eval batch follow
+            accumulated = accumulation_steps(batch_size, smaller, ranks.world_size)
+            self.run_dir.log_event(
+                "oom_recovered", f"out of memory at step {step}{where} with micro-batch {old}; retrying with "
+                f"micro-batch {smaller} × {accumulated} accumulated"
+                f"{' on every rank' if where else ''} (effective batch {batch_size} unchanged, so the optimizer's "
+                "trajectory is the same)", severity="warning", step=step,
+                evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
+                          "accumulation_steps": accumulated, **evidence})
+        elif can_checkpoint(train_step.model):
+            enable_gradient_checkpointing(train_step.model)
+            self.run_dir.log_event("oom_recovered", f"out of memory at step {step}{where} with micro-batch 1; "
+                                   "retrying with gradient checkpointing (activations recomputed in backward)",
+                                   severity="warning", step=step,
+                                   evidence={"gradient_checkpointing": True, **evidence})
+        else:
+            message = out_of_memory_advice(step, old, train_step.precision)
+            self.run_dir.log_event("oom", message, severity="error", step=step,
+                                   evidence={"micro_batch_size": old, "precision": train_step.precision, **evidence})
+            raise TrainingError(message)
+        self.restart()  # the first steps after a change are where memory runs out
 
 
-def unagreed_oom_message(trainer: "Trainer") -> str:
-    ranks = trainer.ranks
-    return (f"out of memory on rank {ranks.rank} at step {trainer.step + 1} with micro-batch "
-            f"{trainer.micro_batch_size}, after the first {GUARDED_STEPS} steps: the other ranks of this "
+def unagreed_oom_message(ranks: "Ranks", state: TrainState) -> str:
+    return (f"out of memory on rank {ranks.rank} at step {state.step + 1} with micro-batch "
+            f"{state.micro_batch_size}, after the first {GUARDED_STEPS} steps: the other ranks of this "
             f"{ranks.world_size}-rank DDP job were already reducing gradients, so they cannot agree on a smaller "
             "micro-batch and stop too. The last checkpoint is intact: `trainwise resume RUN` starts guarded again "
             "(an out-of-memory error in its first steps shrinks the micro-batch on every rank); if it recurs, "
             "train with a smaller train.micro_batch_size.")
-
-
-def recover_from_oom(trainer: "Trainer", ranks: Sequence[int] = ()) -> None:
-    """Free what the failed step held, then change one thing: a smaller micro-batch, else gradient
-    checkpointing; the Trainer retries the step on the same samples. Raises when nothing is left.
-    Under DDP every rank calls it on the same step with the same state (`ranks`: those that ran out of
-    memory), so every rank makes the same change."""
-    trainer.optimizer.zero_grad(set_to_none=True)  # a partial accumulation must not reach the update
-    gc.collect()
-    if trainer.device.type == "cuda":
-        torch.cuda.empty_cache()
-    step, old, batch_size = trainer.step + 1, trainer.micro_batch_size, trainer.config.train.batch_size
-    smaller = smaller_micro_batch(old, batch_size // trainer.ranks.world_size)
-    where = f" on rank {', '.join(map(str, ranks))}" if trainer.ranks.enabled and ranks else ""
-    evidence = {"ranks": list(ranks)} if trainer.ranks.enabled else {}
-    if smaller is not None:
-        trainer.set_micro_batch(smaller)
-        trainer.run_dir.log_event(
-            "oom_recovered", f"out of memory at step {step}{where} with micro-batch {old}; retrying with "
-            f"micro-batch {smaller} × {trainer.accumulation_steps} accumulated"
-            f"{' on every rank' if where else ''} (effective batch {batch_size} unchanged, so the optimizer's "
-            "trajectory is the same)", severity="warning", step=step,
-            evidence={"old_micro_batch_size": old, "micro_batch_size": smaller,
-                      "accumulation_steps": trainer.accumulation_steps, **evidence})
-    elif can_checkpoint(trainer.model):
-        enable_gradient_checkpointing(trainer.model)
-        trainer.run_dir.log_event("oom_recovered", f"out of memory at step {step}{where} with micro-batch 1; "
-                                  "retrying with gradient checkpointing (activations recomputed in backward)",
-                                  severity="warning", step=step,
-                                  evidence={"gradient_checkpointing": True, **evidence})
-    else:
-        message = out_of_memory_advice(step, old, trainer.precision)
-        trainer.run_dir.log_event("oom", message, severity="error", step=step,
-                                  evidence={"micro_batch_size": old, "precision": trainer.precision, **evidence})
-        raise TrainingError(message)
 
 
 def smaller_micro_batch(current: int, per_rank_batch: int) -> int | None:

@@ -41,4 +41,4 @@ class ValidateAsBuilt(Callback):
 
     def on_fit_start(self, trainer) -> None:
         if trainer.max_steps == 0 and trainer.val_data is not None and trainer.step == 0:
-            trainer._evaluate_and_checkpoint()  # the same record, checkpoint and terminal line as any evaluation
+            trainer.evaluate_and_checkpoint()  # the same record, checkpoint and terminal line as any evaluation

@@ -41,9 +41,16 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.start_batch = 0
 
-    def set_position(self, epoch: int, batch: int) -> None:
-        """Where the next iteration starts: micro-batch `batch` of `epoch`."""
+    def set_position(self, epoch: int, batch: int, *, micro_batch_size: int | None = None,
+                     batches_per_epoch: int | None = None) -> None:
+        """Where the next iteration starts: micro-batch `batch` of `epoch`; and, when given, how it is cut from
+        there (the Trainer passes its TrainState's micro-batch each time it starts iterating, so a size
+        changed by an out-of-memory recovery is read from the one place it is kept)."""
         self.epoch, self.start_batch = epoch, batch
+        if micro_batch_size is not None:
+            self.micro_batch_size = micro_batch_size
+        if batches_per_epoch is not None:
+            self.batches_per_epoch = batches_per_epoch
 
     def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:

@@ -99,16 +99,16 @@ def full_model_state(model: torch.nn.Module, sharded: bool) -> dict[str, torch.T
 
 
 def choose(run_dir: "RunDir", ranks: "Ranks") -> CheckpointChoice:
-    """The same checkpoint on every rank: rank 0 chooses (checkpoint.latest_checkpoint), the others follow
+    """The same checkpoint on every rank: rank 0 chooses (rundir's resume_checkpoint), the others follow
     (a rank on another machine, or behind an NFS cache, could see another `last`)."""
-    from trainwise.train.checkpoint import latest_checkpoint
+    from trainwise.rundir.checkpoint_files import resume_checkpoint
 
     if not ranks.enabled:
-        return latest_checkpoint(run_dir, sharded=True)
+        return resume_checkpoint(run_dir, sharded=True)
     choice: CheckpointChoice | RunDirError | None = None
     if ranks.is_main:
         try:
-            choice = latest_checkpoint(run_dir, sharded=True)
+            choice = resume_checkpoint(run_dir, sharded=True)
         except RunDirError as error:  # every rank raises it, rather than the others waiting for a choice
             choice = error
     choice = broadcast_from_main(choice)

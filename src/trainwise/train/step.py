@@ -119,8 +119,8 @@ class TrainStep:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn: LossFn,
-                 precision: Precision, device: torch.device, accumulation_steps: int,
-                 grad_clip_norm: float | None = None, scaler: torch.amp.GradScaler | None = None,
+                 precision: Precision, device: torch.device, grad_clip_norm: float | None = None,
+                 scaler: torch.amp.GradScaler | None = None,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                  forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  no_sync: Callable[[], object] | None = None,
@@ -128,7 +128,6 @@ class TrainStep:
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None, model_name: str | None = None):
         self.model, self.optimizer, self.loss_fn = model, optimizer, model_loss(model, loss_fn)
         self.precision, self.device = precision, device
-        self.accumulation_steps = accumulation_steps
         self.grad_clip_norm = grad_clip_norm
         self.scheduler = scheduler
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
@@ -156,12 +155,15 @@ class TrainStep:
             return self.accumulate_tokens(micro_batches, local=local)  # type: ignore[arg-type]
         loss = torch.zeros((), device=self.device)
         for index, (inputs, targets) in enumerate(micro_batches):
-            loss += self.forward_backward(inputs, targets, last=index == len(micro_batches) - 1, local=local)
+            loss += self.forward_backward(inputs, targets, of=len(micro_batches),
+                                          last=index == len(micro_batches) - 1, local=local)
         return loss
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *, last: bool,
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *, of: int, last: bool,
                          local: bool = False) -> torch.Tensor:
-        """Add one micro-batch's gradients; its share of the step's loss, detached."""
+        """Add one micro-batch's gradients; its share (one of `of` micro-batches) of the step's loss, detached.
+        The step is as many micro-batches as it is given: their count comes with each call (the Trainer's
+        TrainState owns the micro-batch size, so an out-of-memory recovery changes it in one place)."""
         inputs, targets = self.to_device(inputs), self.to_device(targets)
         if self.augment is not None:
             inputs = self.augment(inputs)
@@ -171,7 +173,7 @@ class TrainStep:
             with autocast(self.precision, self.device):  # the loss too, as torch.amp recommends
                 outputs = self._call("the forward", forward, inputs)
                 loss = self._call("the loss", self.loss_fn, outputs, targets, inputs=inputs)
-                loss = loss / self.accumulation_steps
+                loss = loss / of
                 del outputs  # held by the graph as needed; this name must not keep it past backward
             self.scaler.scale(loss).backward()
         return loss.detach()
@@ -245,19 +247,49 @@ class TrainStep:
         return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), skipped=skipped)
 
     @classmethod
-    def from_config(cls, model: nn.Module, config: "RunConfig", *, task: str, device: torch.device,
-                    precision: Precision, accumulation_steps: int, loss_fn: LossFn | None = None,
-                    **wiring) -> "TrainStep":
-        """The step `config` describes, built by the same factories wherever a step runs (the Trainer, lr-find,
-        data bench's model rate): its optimizer (train/optim.py), its loss (`default_loss` of the task unless
-        `loss_fn`), its scaler, its clipping. `wiring` is the Trainer's: scheduler, forward, no_sync, augment."""
+    def from_settings(cls, model: nn.Module, optimizer: torch.optim.Optimizer, settings: "StepSettings", *,
+                      device: torch.device, loss_fn: LossFn | None = None, **wiring) -> "TrainStep":
+        """The one assembly of a step from its parts, wherever a step runs: the loss (`default_loss` of the
+        task unless `loss_fn`), the scaler the precision needs on this device, clipping, chunked token loss.
+        `wiring`: scheduler, forward, no_sync, augment (the Trainer's), to_device (the planner's)."""
         from trainwise.runtime.precision import make_scaler
+
+        step = cls(model, optimizer, loss_fn=loss_fn or default_loss(settings.task, settings.label_smoothing),
+                   precision=settings.precision, device=device, grad_clip_norm=settings.grad_clip_norm,
+                   scaler=make_scaler(settings.precision, device), model_name=settings.model_name, **wiring)
+        step.loss_chunk_size = settings.loss_chunk_size  # token batches: chunked cross-entropy
+        return step
+
+    @classmethod
+    def from_config(cls, model: nn.Module, config: "RunConfig", *, task: str, device: torch.device,
+                    precision: Precision, loss_fn: LossFn | None = None,
+                    optimizer: torch.optim.Optimizer | None = None, **wiring) -> "TrainStep":
+        """The step `config` describes (the Trainer, the overfit probe, lr-find, data bench's model rate): its
+        optimizer (train/optim.py, unless one built elsewhere is given) and StepSettings.of(config)."""
         from trainwise.train.optim import build_optimizer
 
-        step = cls(model, build_optimizer(model, config.optim),
-                   loss_fn=loss_fn or default_loss(task, config.train.label_smoothing), precision=precision,
-                   device=device, accumulation_steps=accumulation_steps, grad_clip_norm=config.train.grad_clip_norm,
-                   scaler=make_scaler(precision, device), model_name=config.model.factory or config.model.name,
-                   **wiring)
-        step.loss_chunk_size = config.model.loss_chunk_size  # token batches: chunked cross-entropy
-        return step
+        optimizer = optimizer if optimizer is not None else build_optimizer(model, config.optim)
+        return cls.from_settings(model, optimizer, StepSettings.of(config, task=task, precision=precision),
+                                 device=device, loss_fn=loss_fn, **wiring)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What shapes a step besides its model and optimizer. A run's come from its config (`of`); the planner,
+    which traces steps of jobs that have no run config yet, gives its own (plan/memory.py TrainingStep)."""
+
+    precision: Precision = "fp32"
+    task: str = "classification"
+    """Picks the default loss: cross-entropy for classification, MSE for regression."""
+    grad_clip_norm: float | None = None
+    label_smoothing: float = 0.0
+    loss_chunk_size: int | None = None
+    """Token batches: the head and cross-entropy run this many tokens at a time (llm/loss.py)."""
+    model_name: str | None = None
+    """How messages name the user's model (its class name when not given)."""
+
+    @classmethod
+    def of(cls, config: "RunConfig", *, task: str, precision: Precision) -> "StepSettings":
+        return cls(precision=precision, task=task, grad_clip_norm=config.train.grad_clip_norm,
+                   label_smoothing=config.train.label_smoothing, loss_chunk_size=config.model.loss_chunk_size,
+                   model_name=config.model.factory or config.model.name)

@@ -9,16 +9,37 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainwise.rundir import records as run_records
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
-    from trainwise.train.trainer import Trainer
+    from trainwise.train.early_stop import EarlyStopping
+    from trainwise.train.state import TrainState
 
 # what a train record says about the model and optimizer; its timing fields are summarised under `timings`
 _TRAIN_FIELDS = ("step", "epoch", "loss", "lr", "grad_norm", "skipped_steps")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a summary says about the run besides its metrics, as the engine's parts stand at one write."""
+
+    run_dir: "RunDir"
+    state: "TrainState"
+    early_stopping: "EarlyStopping"
+    max_steps: int
+    monitor: str
+    """eval.monitor: the metric `best` is judged by."""
+    last_checkpoint_step: int | None
+    """The step a resume continues from (None before the first checkpoint of the run)."""
+    device: str
+    precision: str
+    tf32: bool
+    task: dict[str, Any] | None
+    """What chance is for this run and which metrics it validates with (diagnose/task_profile.py)."""
 
 
 class RunSummary:
@@ -32,15 +53,15 @@ class RunSummary:
         self._rates: list[float] = []  # samples/s of every train log so far (a resumed run's earlier ones too)
         self._read_up_to = 0  # bytes of metrics.jsonl already read
 
-    def write(self, trainer: "Trainer", status: str, started: float, *, message: str | None = None,
+    def write(self, run: RunFacts, status: str, started: float, *, message: str | None = None,
               restored_best: bool = False) -> dict[str, Any]:
         if self.started is None:  # the first write of this session: a resumed run adds its past time
             self.started = started
-            self.wall_before = wall_before(trainer.run_dir) if trainer._last_checkpoint_step is not None else 0.0
-        last = self._newest_records(trainer.run_dir)
-        summary = build_summary(trainer, status, wall_s=self.wall_before + time.time() - started, last=last,
+            self.wall_before = wall_before(run.run_dir) if run.last_checkpoint_step is not None else 0.0
+        last = self._newest_records(run.run_dir)
+        summary = build_summary(run, status, wall_s=self.wall_before + time.time() - started, last=last,
                                 message=message, restored_best=restored_best, typical_rate=typical_rate(self._rates))
-        trainer.run_dir.write_summary(summary)
+        run.run_dir.write_summary(summary)
         return summary
 
     def _newest_records(self, run_dir: "RunDir") -> dict[str, dict[str, Any]]:
@@ -68,27 +89,27 @@ class RunSummary:
         return self._last
 
 
-def build_summary(trainer: "Trainer", status: str, *, wall_s: float, last: dict[str, dict[str, Any]],
+def build_summary(run: RunFacts, status: str, *, wall_s: float, last: dict[str, dict[str, Any]],
                   message: str | None = None, restored_best: bool = False,
                   typical_rate: float | None = None) -> dict[str, Any]:
-    """The summary of `trainer`'s run as it stands now; `last`: the newest metrics record of each split;
+    """The summary of the run as it stands now; `last`: the newest metrics record of each split;
     `typical_rate`: the median samples/s of its train logs (the last interval's rate when not given)."""
     val, train = last.get("val") or {}, last.get("train") or {}
-    stopping = trainer.early_stopping
+    stopping, state = run.early_stopping, run.state
     return {
-        "status": status, "steps": trainer.step, "max_steps": trainer.max_steps, "epoch": trainer.epoch,
+        "status": status, "steps": state.step, "max_steps": run.max_steps, "epoch": state.epoch,
         # the step a resume continues from (None before the first checkpoint)
-        "last_checkpoint_step": trainer._last_checkpoint_step,
-        "best": {"metric": trainer.config.eval.monitor, "value": stopping.best, "step": stopping.best_step},
+        "last_checkpoint_step": run.last_checkpoint_step,
+        "best": {"metric": run.monitor, "value": stopping.best, "step": stopping.best_step},
         "final": val,  # the last validation record
         "last_train": {k: train[k] for k in _TRAIN_FIELDS if k in train},
         "restored_best": restored_best,
         "timings": {"wall_s": wall_s, "samples_per_s": typical_rate if typical_rate is not None
                     else train.get("samples_per_s"), "last_samples_per_s": train.get("samples_per_s")},
-        "device": str(trainer.device), "precision": trainer.precision, "tf32": trainer.tf32,
-        "skipped_steps": trainer.skipped_steps, "message": message, "updated": time.time(),
+        "device": run.device, "precision": run.precision, "tf32": run.tf32,
+        "skipped_steps": state.skipped_steps, "message": message, "updated": time.time(),
         # what chance is for this run and which metrics it validates with: the diagnosis rules read it
-        "task": trainer.profile.to_dict() if trainer.profile is not None else None,
+        "task": run.task,
     }
 
 
@@ -111,13 +132,13 @@ def wall_before(run_dir: "RunDir") -> float:
     return float(wall) if isinstance(wall, (int, float)) and wall >= 0 else 0.0
 
 
-def stopped_message(trainer: "Trainer") -> str:
-    return (f"stopped by {trainer._stop_reason.split(':')[-1]} after step {trainer.step}; checkpoint written. "
-            f"Continue with: trainwise resume {trainer.run_dir.path}")
+def stopped_message(reason: str, run: RunFacts) -> str:
+    return (f"stopped by {reason.split(':')[-1]} after step {run.state.step}; checkpoint written. "
+            f"Continue with: trainwise resume {run.run_dir.path}")
 
 
-def early_stop_message(trainer: "Trainer", restored: bool) -> str:
-    stopping = trainer.early_stopping
-    return (f"stopped early at step {trainer.step} of {trainer.max_steps} ({trainer.config.eval.monitor} did not "
+def early_stop_message(run: RunFacts, restored: bool) -> str:
+    stopping = run.early_stopping
+    return (f"stopped early at step {run.state.step} of {run.max_steps} ({run.monitor} did not "
             f"improve for {stopping.patience} evaluations); best step {stopping.best_step} "
             + ("restored" if restored else "kept"))

@@ -17,6 +17,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,14 +42,14 @@ from trainwise.runtime.inference import split_metrics
 from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_in
 from trainwise.runtime.precision import autocast, enable_tf32, resolve_precision
-from trainwise.train.recovery import OomGuard, recover_from_oom
+from trainwise.train.recovery import OomGuard
 from trainwise.train.run_task import planned_steps, run_task
 from trainwise.train.sampler import ResumableBatchSampler, seeded_by_position
 from trainwise.train.schedule import build_scheduler
 from trainwise.train.signals import GracefulStop
 from trainwise.train.state import TrainState
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
-from trainwise.train.summary import RunSummary, early_stop_message, stopped_message
+from trainwise.train.summary import RunFacts, RunSummary, early_stop_message, stopped_message
 from trainwise.train.language_model import TokenFigures
 from trainwise.train.timing import StepTimer
 
@@ -80,7 +81,7 @@ class Trainer:
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir, config, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             scaler=self.scaler, early_stopping=self.early_stopping, state=self.state, ranks=self.ranks,
-            sharded=self.strategy == "fsdp", resize=self.set_micro_batch)
+            sharded=config.train.sharded_checkpoints)
         defaults = default_callbacks(config) if self.ranks.is_main else []
         self.callbacks = CallbackList(defaults + list(callbacks))
         self._stop: GracefulStop | None = None
@@ -104,15 +105,20 @@ class Trainer:
         return no_sync
 
     def _setup_step(self, loss_fn: LossFn | None, no_sync) -> None:
-        """The step (TrainStep.from_config, as everywhere a step runs), its schedule and early stopping."""
+        """The step (TrainStep.from_config, as everywhere a step runs), its out-of-memory guard, its schedule
+        and early stopping."""
         config = self.config
         self.loss_fn = loss_fn or default_loss(self.task, config.train.label_smoothing)
         self.train_step = TrainStep.from_config(self.model, config, task=self.task, device=self.device,
-                                                precision=self.precision, accumulation_steps=self.accumulation_steps,
-                                                loss_fn=self.loss_fn, forward=self.forward, no_sync=no_sync,
-                                                augment=self.augment)
+                                                precision=self.precision, loss_fn=self.loss_fn, forward=self.forward,
+                                                no_sync=no_sync, augment=self.augment)
         self.optimizer, self.scaler = self.train_step.optimizer, self.train_step.scaler
         self.scheduler = self.train_step.scheduler = build_scheduler(self.optimizer, config.schedule, self.max_steps)
+        # runs each step so that running out of memory is recoverable, on every rank alike (recovery.py)
+        self.oom_guard = OomGuard(self.train_step, self.state, self.run_dir, self.ranks,
+                                  batch_size=config.train.batch_size, ddp=self.strategy == "ddp",
+                                  recover=config.train.oom_policy == "recover")
+        self.token_figures = TokenFigures(self.model)  # tokens/s and MFU of token batches
         self.health = StepHealth(self.device)
         self._outcome: StepOutcome | None = None
         es = config.eval.early_stopping
@@ -158,33 +164,15 @@ class Trainer:
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Train to `max_steps` (or an early stop, or a signal). `resume=True` continues from `last`."""
         started = time.time()
-        if resume:
-            choice = self.checkpointer.choose()  # `last`, or the newest intact step; the same on every rank
-            if choice.notice:
-                self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
-                if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
-                    warnings.warn(choice.notice, RunDirWarning, stacklevel=2)
-            self._load(choice.path)
-        else:
-            self.run_dir.write_config(self.config)
-            self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in "
-                                   f"{self.precision}", step=0, evidence={"device": str(self.device), "tf32": self.tf32,
-                                   "precision": self.precision, "accumulation_steps": self.accumulation_steps,
-                                   "strategy": self.strategy, "ranks": self.ranks.world_size})
+        self._resume() if resume else self._start()
         self._write_summary("running", started)
         self.callbacks.on_fit_start(self)
-        try:
+        with self._ending_recorded(started, saving=False):
             with GracefulStop() as self._stop:  # the handler only sets a flag; the loop acts on it
                 try:
                     self._loop()
                 finally:
                     release_workers(self.loader)
-        except KeyboardInterrupt:
-            self._record_abort(started, f"aborted by a second Ctrl-C during step {self.step + 1}; the last "
-                               "checkpoint is kept.")
-            raise
-        except BaseException as error:
-            self._fail(error, started, during_step=self.step + 1)
         return self._finish(started)
 
     def request_stop(self, reason: str) -> None:
@@ -197,15 +185,14 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
-        timer = StepTimer(self.device, TokenFigures(self.model, self))  # tokens/s and MFU of token batches
+        timer = StepTimer(self.device, self.token_figures)
         batches = self._batches(timer)
         while self.step < self.max_steps and self._stop_reason is None:
             micro_batches = next(batches)
             outcome, out_of_memory_on = self.oom_guard.step(micro_batches)
             if outcome is None:  # out of memory (agreed by every rank): retry the same samples, smaller
                 del micro_batches
-                recover_from_oom(self, out_of_memory_on)
-                self.oom_guard.restart()
+                self.oom_guard.recover(out_of_memory_on)  # a smaller micro-batch in self.state, or recomputation
                 batches = self._batches(timer)  # the same position, cut into the new micro-batches
                 continue
             self._outcome = outcome
@@ -229,28 +216,13 @@ class Trainer:
             if end_of_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if eval_due:
-                self._evaluate_and_checkpoint()
+                self.evaluate_and_checkpoint()
             elif checkpoint_due:
                 self._save_checkpoint()
             if self.early_stopping.should_stop:
                 self.request_stop("early_stop")
         if self._settled_step != self.step:  # stopped by a signal between settle points
             self._settle(None)
-
-    @property
-    def oom_guard(self) -> OomGuard:
-        """Runs each step so that running out of memory is recoverable, on every rank alike (recovery.py)."""
-        if self.__dict__.get("_oom_guard") is None:
-            self._oom_guard = OomGuard(self)
-        return self._oom_guard
-
-    def set_micro_batch(self, micro_batch_size: int) -> None:
-        """Cut each step into micro-batches of this size from now on (the effective batch stays)."""
-        self.state.micro_batch_size = micro_batch_size  # accumulation steps and eval batch follow from it
-        self.train_step.accumulation_steps = self.accumulation_steps
-        self.sampler.micro_batch_size = micro_batch_size
-        self.sampler.batches_per_epoch = self.steps_per_epoch * self.accumulation_steps
-        self.oom_guard.restart()  # the first steps of a new micro-batch are where memory runs out
 
     def _settle(self, micro_batches: list[MicroBatch] | None) -> None:
         """Read what the steps since the last settle point went through (one transfer) and act on it; under
@@ -278,9 +250,12 @@ class Trainer:
                                severity="warning", step=self.step)
 
     def _batches(self, timer: StepTimer) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Groups of `accumulation_steps` micro-batches, epoch after epoch, from the saved data position."""
+        """Groups of `accumulation_steps` micro-batches, epoch after epoch, from the saved data position, cut
+        at the TrainState's micro-batch size (an out-of-memory recovery starts a new generator)."""
         while True:
-            self.sampler.set_position(self.epoch, self.batch_in_epoch * self.accumulation_steps)
+            self.sampler.set_position(self.epoch, self.batch_in_epoch * self.accumulation_steps,
+                                      micro_batch_size=self.micro_batch_size,
+                                      batches_per_epoch=self.steps_per_epoch * self.accumulation_steps)
             group = []
             for micro_batch in timer.timed(iter(self.loader)):
                 group.append(micro_batch)
@@ -289,7 +264,10 @@ class Trainer:
                     group = []
 
     # ---- evaluation, checkpoints, logs ---------------------------------------------------------------
-    def _evaluate_and_checkpoint(self) -> None:
+    def evaluate_and_checkpoint(self) -> None:
+        """The evaluation point: validate, record it (metrics.jsonl, callbacks' on_eval), update early stopping
+        and checkpoint (as `best` when it is). The loop calls it when `cadence.should_evaluate`; a callback may
+        call it at on_fit_start (a model fitted by counting is validated once, as built: run_task.py)."""
         metrics = self.evaluate()
         record = {"split": "val", "step": self.step, "epoch": self.epoch, **metrics}
         self.run_dir.log_metrics(record)
@@ -307,6 +285,21 @@ class Trainer:
         if self._summary.started is not None and self.ranks.is_main:  # a killed run's summary shows its progress
             self._write_summary("running", self._summary.started)
         self.callbacks.on_checkpoint(self, path)
+
+    def _start(self) -> None:
+        self.run_dir.write_config(self.config)
+        self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in {self.precision}",
+                               step=0, evidence={"device": str(self.device), "tf32": self.tf32, "precision":
+                                                 self.precision, "accumulation_steps": self.accumulation_steps,
+                                                 "strategy": self.strategy, "ranks": self.ranks.world_size})
+
+    def _resume(self) -> None:
+        choice = self.checkpointer.choose()  # `last`, or the newest intact step; the same on every rank
+        if choice.notice:
+            self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
+            if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
+                warnings.warn(choice.notice, RunDirWarning, stacklevel=3)
+        self._load(choice.path)
 
     def _load(self, path: Path) -> None:
         self.checkpointer.load(path)
@@ -346,23 +339,28 @@ class Trainer:
         and a `running` summary of its step (resumable), then the weights, then the `completed` summary.
         A signal during them is held until they are done; a second Ctrl-C, or a kill, leaves the run
         resumable from the last checkpoint, and the resume ends with the same weights."""
-        try:
+        # a peer lost during the final (collective) save, or a disk that fills, fails the run like a step does
+        with self._ending_recorded(started, saving=True):
             with GracefulStop():  # the run stops anyway: a first signal must not cut the final save
                 summary = self._final_writes(started)
-        except KeyboardInterrupt:
-            self._record_abort(started, f"aborted by a second Ctrl-C while saving step {self.step}; the "
-                               f"checkpoint of step {self._last_checkpoint_step} is kept.")
-            raise
-        except BaseException as error:  # a peer lost during the final (collective) save, a disk that fills
-            self._fail(error, started, during_step=self.step)
         self.callbacks.on_fit_end(self, summary)
         return summary
 
-    def _record_abort(self, started: float, what: str) -> None:
-        """A second Ctrl-C: the summary says `stopped`, with how to continue; the caller re-raises."""
-        message = f"{what} Continue with: trainwise resume {self.run_dir.path}"
-        summary = self._write_summary("stopped", started, message=message)
-        self.callbacks.on_fit_end(self, summary)
+    @contextmanager
+    def _ending_recorded(self, started: float, *, saving: bool) -> Iterator[None]:
+        """How a run that does not finish says so: a second Ctrl-C (the first only asks the loop to stop) leaves
+        a `stopped` summary with how to continue, anything else a `failed` one with the cause; both re-raise.
+        `saving`: during the final writes, whose step is done, rather than during a step of the loop."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            kept = (f"while saving step {self.step}; the checkpoint of step {self._last_checkpoint_step} is kept."
+                    if saving else f"during step {self.step + 1}; the last checkpoint is kept.")
+            message = f"aborted by a second Ctrl-C {kept} Continue with: trainwise resume {self.run_dir.path}"
+            self.callbacks.on_fit_end(self, self._write_summary("stopped", started, message=message))
+            raise
+        except BaseException as error:
+            self._fail(error, started, during_step=self.step if saving else self.step + 1)
 
     def _fail(self, error: BaseException, started: float, *, during_step: int) -> NoReturn:
         """Record why the run failed (the summary says `failed` with the cause), then raise it."""
@@ -377,14 +375,14 @@ class Trainer:
         if self._last_checkpoint_step != self.step:
             self._save_checkpoint()  # the summary now says `running` at this step: resumable from here
         if self._stop_reason is not None and self._stop_reason != "early_stop":
-            message = stopped_message(self)
+            message = stopped_message(self._stop_reason, self._run_facts())
             self.run_dir.log_event("stopped", message, severity="warning", step=self.step)
             return self._write_summary("stopped", started, message=message)
         # model.safetensors holds the best step's weights when early stopping restores them; the final
         # step's stay in the last checkpoint (`eval --checkpoint final` reads them from there)
         restored = self.checkpointer.restore_best()
         weights_step = self.early_stopping.best_step if restored else self.step
-        message = early_stop_message(self, restored) if self._stop_reason == "early_stop" else None
+        message = early_stop_message(self._run_facts(), restored) if self._stop_reason == "early_stop" else None
         if message:
             self.run_dir.log_event("early_stop", message, step=self.step, evidence=self.early_stopping.state_dict())
         self.checkpointer.write_final(weights_step=weights_step, restored=restored)  # and a LoRA run's adapter
@@ -392,5 +390,11 @@ class Trainer:
 
     def _write_summary(self, status: str, started: float, message: str | None = None,
                        restored_best: bool = False) -> dict[str, Any]:
-        return self._summary.write(self, status, started, message=message, restored_best=restored_best)
+        return self._summary.write(self._run_facts(), status, started, message=message, restored_best=restored_best)
+
+    def _run_facts(self) -> RunFacts:
+        return RunFacts(self.run_dir, self.state, self.early_stopping, max_steps=self.max_steps,
+                        monitor=self.config.eval.monitor, last_checkpoint_step=self._last_checkpoint_step,
+                        device=str(self.device), precision=self.precision, tf32=self.tf32,
+                        task=self.profile.to_dict() if self.profile is not None else None)
 
