@@ -30,7 +30,8 @@ def job(**changes) -> LmJob:
 
 @pytest.mark.parametrize("changes", [dict(method="full", gradient_checkpointing=True), dict(method="lora"),
                                      dict(method="freeze", gradient_checkpointing=True),
-                                     dict(method="qlora", dtype="bf16", precision="bf16")])
+                                     dict(method="qlora", dtype="bf16", precision="bf16"),
+                                     dict(method="full", dtype="bf16", precision="bf16", loss_chunk_size=16)])
 def test_two_traced_depths_extend_exactly_to_the_full_depth(changes):
     planned = job(**changes)
     assert traced_depths(planned) is not None

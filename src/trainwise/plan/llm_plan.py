@@ -98,12 +98,15 @@ def extend(low: StepTrace, high: StepTrace, depths: tuple[int, int], depth: int)
     parts = {part: lines(low.part_breakdowns.get(part, {}), high.part_breakdowns.get(part, {}))
              for part in high.part_breakdowns}
     where = dict(high.part_where)
-    # each region of forward/backward on its own line, the largest only then (step_phases.py)
+    # each region of forward/backward on its own line, the largest only then (step_phases.py). The line through
+    # the two traced peaks is a floor (the peak is the largest of lines, so it bends upwards): it stands where
+    # the peak falls outside the labelled regions (a chunked loss runs the head outside the model's forward)
     regions = [region for region in REGIONS if region in low.part_breakdowns and region in parts]
     if regions:
         highest = max(regions, key=lambda region: sum(parts[region].values()))
-        values["micro_batch_peak_bytes"] = sum(parts[highest].values())
-        parts["micro_batches"], where["micro_batches"] = parts[highest], where[highest]
+        if sum(parts[highest].values()) >= values["micro_batch_peak_bytes"]:
+            values["micro_batch_peak_bytes"] = sum(parts[highest].values())
+            parts["micro_batches"], where["micro_batches"] = parts[highest], where[highest]
     micro_peak, optimizer_peak = values["micro_batch_peak_bytes"], values["optimizer_peak_bytes"]
     worst = "optimizer" if optimizer_peak > micro_peak else "micro_batches"
     return replace(high, **values, peak_bytes=max(micro_peak, optimizer_peak),
