@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -240,11 +241,11 @@ def main() -> None:
     args = parser.parse_args()
     parts = args.part or list(PARTS)
     started = time.perf_counter()
-    measured, seconds = {}, {}
+    measured, seconds, load = {}, {}, {}
     for part, key, run in (("truth", "truth_on_cpu", truth_on_cpu), ("published", "published_setups", published_setups),
                            ("speed", "plan_speed", plan_speed)):
         if part in parts:
-            part_started = time.perf_counter()
+            part_started, load[part] = time.perf_counter(), round(os.getloadavg()[0], 1)
             measured[key] = run()
             seconds[part] = round(time.perf_counter() - part_started, 1)
     # the other parts as the file holds them now (read at the end: another part may have run meanwhile)
@@ -253,6 +254,7 @@ def main() -> None:
     result = {key: previous.get(key) for key in ("truth_on_cpu", "published_setups", "plan_speed")}
     result.update(measured)
     result["part_seconds"] = {**(previous.get("part_seconds") or {}), **seconds}
+    result["part_load_average"] = {**(previous.get("part_load_average") or {}), **load}
     truth, speed = result["truth_on_cpu"] or {}, result["plan_speed"] or []
     big = next((r for r in speed if r["model"] == "llama-3.1-70b" and r["mode"] == "advice" and "error" not in r), None)
     targets = {"median_abs_error<=2%": truth.get("median_abs_error", 1) <= 0.02,
@@ -261,9 +263,10 @@ def main() -> None:
                "70b_plan<=60s": bool(big and big["seconds"] <= 60),
                "70b_plan_rss<=2GiB": bool(big and big["max_rss_bytes"] <= 2 * GiB)}
     write_result("llm_plan", {
-        "note": "the machine (2 cores) was shared with other helpers' jobs while this ran: timings (part 'speed') "
-                "are inflated accordingly; memory figures are not affected. Parts run separately "
-                "(--part truth|published|speed) and merge into this file; 'part_seconds' says which ran.",
+        "note": "Parts run separately (--part truth|published|speed) and merge into this file; 'part_seconds' says "
+                "which ran, 'part_load_average' the machine's 1-minute load when each began: timings of a part begun "
+                "on a busy machine are inflated (tiny fake-tensor ops lose their time to other jobs); memory figures "
+                "are not affected.",
         "parts_run_last": parts, **result,
         "meets_targets": all(targets.values()), "targets": targets,
         "seconds": round(time.perf_counter() - started, 1)})
