@@ -244,8 +244,9 @@ def main() -> None:
 def _payload(results, variants, manifest, held_out, timings, started, base_steps, sft_steps) -> dict:
     lora = results["lora"]["exact_match"]
     return {
-        "note": "machine shared with other jobs (2 cores, load often > 10): times and tokens/s are loaded-machine "
-                "figures (each run one thread, at raised scheduler priority); exact match does not depend on them",
+        "note": "each run on one thread; 'load_average' is the machine's 1-minute load when the last variant ended "
+                "(2 cores): times of a busy machine are inflated; exact match does not depend on them",
+        "load_average": round(os.getloadavg()[0], 1),
         "settings_tried": SETTINGS_TRIED,
         "design": "base = tiny Llama-style config (random init, BPE trained here) fully trained on copy+reverse "
                   "in chat form, exported as a Hugging Face dir; fine-tune = sort + add-k (new) + copy + reverse, "
