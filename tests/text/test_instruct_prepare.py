@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.text.sft_tokenizers import CORPUS, write_hf_tokenizer_dir
+from tests.text.sft_tokenizers import CHATML_JINJA, CORPUS, write_hf_tokenizer_dir
 from trainwise.data.shards import verify
 from trainwise.data.prepare import PrepareOptions
 from trainwise.text.prepare import prepare_corpus as prepare
@@ -104,3 +104,16 @@ def test_the_prepare_command_prints_the_loss_share_and_the_length_histogram(tmp_
     assert f"{bad}:5" in done.stdout and "no assistant turn" in done.stdout
     refused = invoke(capsys, "prepare", str(bad), "--to", str(tmp_path / "ds2"), "--train-tokenizer", "300")
     assert refused.returncode == 2 and "--template NAME" in refused.stderr
+
+
+def test_a_conversation_the_models_template_refuses_is_named_and_skipped(tmp_path):
+    """Gemma's template raises on a system turn: that row is skipped and listed, the others are prepared."""
+    no_system = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+                 + CHATML_JINJA)
+    tokenizer = ModelTokenizer.from_directory(write_hf_tokenizer_dir(tmp_path / "model", no_system))
+    paths = write_files(tmp_path, 9)  # the messages rows open with a system turn; the sharegpt rows do not
+    read = read_chat_files([paths["sharegpt"], paths["messages"]])
+    result = prepare_instructions(read, tmp_path / "ds", tokenizer, InstructOptions(val_fraction=0.0))
+    assert result.stats["train"].samples == 3 and read.skipped == 3
+    assert all(f"{paths['messages']}:" in p and "System role not supported" in p for p in read.problems)
+    assert result.fields["skipped"]["count"] == 3

@@ -117,24 +117,66 @@ class JinjaTemplate:
         return render_jinja(self.source, list(messages), add_generation_prompt, self.special_tokens)
 
     def segments(self, messages: Messages) -> list[Segment]:
-        out, done = [], ""
+        """The conversation as the template writes it (`full`), cut where each answer starts and ends.
+
+        Where the template renders a conversation as an extension of its earlier turns (most do), an answer
+        starts where the prompt up to it (with the generation prompt) stops, and ends where the render up to
+        and including it stops: the end-of-turn marker is the answer's, so the model learns to stop. Some
+        templates write text only after the last turn (Phi-3 closes the conversation with end-of-text, OLMo
+        closes the last answer differently): that closing text belongs to the last answer only. Templates that
+        rewrite earlier text (a system prompt moved into the last user turn, as Mistral's do) are cut by finding
+        each turn's own text in order."""
+        full = self._render(messages, add_generation_prompt=False)
+        out, done, searched = [], 0, 0
         for i, message in enumerate(messages):
+            if message["role"] == "system":
+                continue  # a template may move it (into the last user turn): not a landmark
             if message["role"] != "assistant":
+                searched = max(searched, _find(full, message["content"], max(done, searched))[1])
                 continue
-            before = self._render(messages[:i], add_generation_prompt=True)
-            after = self._render(messages[: i + 1], add_generation_prompt=False)
-            if not before.startswith(done) or not after.startswith(before):
+            span = self._prefix_span(full, messages, i, done)
+            if span is None:
+                start, end = _find(full, message["content"], max(done, searched))
+                span = None if start < 0 else (start, end + self._closing_marker_at(full, end))
+            if span is None:
                 raise DataError(
-                    f"the tokenizer's chat template does not render turn {i + 1} as an extension of the turns "
-                    "before it (it rewrites earlier text), so the answer's tokens cannot be told apart. Use "
-                    "--template chatml (or llama3, plain) instead.")
-            out.append(Segment(before[len(done):], trains=False))
-            out.append(Segment(after[len(before):], trains=True))
-            done = after
-        rest = self._render(messages, add_generation_prompt=False)[len(done):]
-        if rest:
-            out.append(Segment(rest, trains=False))
-        return out
+                    f"the tokenizer's chat template writes turn {i + 1} in a way trainwise cannot find in the "
+                    "rendered conversation (it rewrites the answer's text), so the answer's tokens cannot be told "
+                    "apart. Use --template chatml (or llama3, plain) instead.")
+            start, end = span
+            out.append(Segment(full[done:start], trains=False))
+            out.append(Segment(full[start:end], trains=True))
+            done = searched = end
+        if full[done:]:
+            out.append(Segment(full[done:], trains=False))
+        return [segment for segment in out if segment.text or segment.trains]
+
+    def _prefix_span(self, full: str, messages: Messages, i: int, done: int) -> tuple[int, int] | None:
+        """(start, end) of answer i where the template extends its earlier turns; None where it does not."""
+        before = self._render(messages[:i], add_generation_prompt=True)
+        if len(before) < done or not full.startswith(before):
+            return None
+        after = self._render(messages[: i + 1], add_generation_prompt=False)
+        eos = self.special_tokens.get("eos_token") or ""
+        for answer_end in (after, after.removesuffix(eos) if eos else after):
+            if len(answer_end) > len(before) and full.startswith(answer_end):
+                return len(before), len(answer_end)
+        return None
+
+    def _closing_marker_at(self, full: str, end: int) -> int:
+        """How many characters of the template's end-of-answer text follow an answer found by its text."""
+        eos = self.special_tokens.get("eos_token") or ""
+        marker = self._text_after_answer()
+        for candidate in (marker, marker.removesuffix(eos) if eos else "", marker.strip()):
+            if candidate and full.startswith(candidate, end):
+                return len(candidate)
+        return 0
+
+    def _text_after_answer(self) -> str:
+        sentinel = "\x00answer\x00"
+        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": sentinel}],
+                                add_generation_prompt=False)
+        return rendered.split(sentinel, 1)[1] if sentinel in rendered else ""
 
     def prompt(self, messages: Messages) -> str:
         return self._render(messages, add_generation_prompt=True)
@@ -143,11 +185,17 @@ class JinjaTemplate:
     def stop_text(self) -> str | None:
         """What the template writes right after an answer (`<|im_end|>`, `<|eot_id|>`): found by rendering a
         sentinel answer; the tokenizer's end-of-text when the template writes nothing there."""
-        sentinel = "\x00answer\x00"
-        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": sentinel}],
-                                add_generation_prompt=False)
-        after = rendered.split(sentinel, 1)[1].strip() if sentinel in rendered else ""
-        return after or self.special_tokens.get("eos_token")
+        return self._text_after_answer().strip() or self.special_tokens.get("eos_token")
+
+
+def _find(full: str, text: str, since: int) -> tuple[int, int]:
+    """(start, end) of `text` in `full` at or after `since` (its stripped form where a template trims it);
+    (-1, since) when it is not there."""
+    for needle in (text, text.strip()):
+        at = full.find(needle, since) if needle else -1
+        if at >= 0:
+            return at, at + len(needle)
+    return -1, since
 
 
 CHOICE_FILE = "trainwise_chat_template.json"  # beside a saved tokenizer: the template its data was rendered with

@@ -40,6 +40,7 @@ class EncodeStats:
     tokens: int = 0
     loss_tokens: int = 0
     lengths: list[int] = field(default_factory=list)  # before truncation: what the data asks for (histogram)
+    problems: list[str] = field(default_factory=list)  # "source: why" for conversations the template refused
 
     @property
     def loss_share(self) -> float:
@@ -99,7 +100,11 @@ def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, to
                mask_prompt: bool = True) -> tuple[list[Sample], EncodeStats]:
     samples, stats = [], EncodeStats()
     for conversation in conversations:
-        sample = encode_conversation(conversation, template, tokenizer, mask_prompt=mask_prompt)
+        try:
+            sample = encode_conversation(conversation, template, tokenizer, mask_prompt=mask_prompt)
+        except DataError as e:  # this row only (a template that refuses a system turn, say): named, skipped
+            stats.problems.append(f"{getattr(conversation, 'source', '') or 'a conversation'}: {e}")
+            continue
         stats.lengths.append(len(sample))
         kept, what = fit_length(sample, max_tokens, too_long)
         if kept is None:
@@ -113,6 +118,8 @@ def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, to
         stats.tokens += len(kept)
         stats.loss_tokens += sum(kept.trains[1:])
         samples.append(kept)
+    if not samples and stats.problems and not stats.lengths:
+        raise DataError(f"the chat template rendered no conversation; the first: {stats.problems[0]}")
     if not samples:
         raise DataError(f"no sample is left: {stats.dropped_too_long} longer than {max_tokens} tokens "
                         f"(too_long={too_long}), {stats.dropped_no_answer} with an empty answer. Raise "
