@@ -66,7 +66,11 @@ class DiskFullError(RunDirError):
         return f"{mib:.0f}" if mib >= 10 else f"{mib:.1f}"
 
 
-class RunDirWarning(UserWarning):
+class TrainwiseWarning(UserWarning):
+    """Something trainwise chose or skipped that the person should know: one line at the terminal."""
+
+
+class RunDirWarning(TrainwiseWarning):
     """A run directory holds something a reader skipped (a malformed record, a damaged summary)."""
 
 

@@ -189,3 +189,26 @@ def test_importing_the_package_does_not_import_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+MOE = dict(model_type="mixtral", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=16, vocab_size=512, num_local_experts=4, num_experts_per_tok=2)
+
+
+def test_lora_on_fused_experts_leaves_dropout_out_and_says_so():
+    """transformers 5 keeps a mixture-of-experts block's experts in one 3-D tensor; peft adapts it as a parameter
+    and has no dropout there. The adapters are the ones peft makes with dropout 0, and the run is told."""
+    import peft
+
+    settings = methods.LoraSettings(rank=4)
+    with pytest.warns(UserWarning, match="LoRA dropout 0.05 left out"):
+        ours = methods.add_lora(hf.build_model(hf.resolve_config(MOE), device="cpu"), settings)
+    reference = peft.get_peft_model(hf.build_model(hf.resolve_config(MOE), device="cpu"),
+                                    peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                                                    task_type="CAUSAL_LM"))
+    def trainable(model):
+        return sorted((n, p.numel()) for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable(ours) == trainable(reference) and any("experts" in n for n, _ in trainable(ours))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a dense model keeps its dropout, silently
+        methods.add_lora(tiny_model(), settings)

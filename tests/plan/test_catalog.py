@@ -92,6 +92,8 @@ def test_exchange_rates_from_the_command_line():
     ("A100", ["A100 40GB", "A100 80GB"]), ("a100", ["A100 40GB", "A100 80GB"]),
     ("H100", ["H100 PCIe", "H100 SXM"]), ("h100-sxm5", ["H100 SXM"]), ("A10", ["A10"]),
     ("4090", ["RTX 4090"]), ("V100", ["V100 16GB", "V100 32GB"]), ("A100-80GB", ["A100 80GB"]),
+    ("H100-80GB", ["H100 PCIe", "H100 SXM"]), ("L40S-48GB", ["L40S"]), ("H200 141GB", ["H200"]),
+    ("RTX4090-24GB", ["RTX 4090"]),
 ])
 def test_a_family_name_picks_every_card_it_starts_and_aliases_resolve(typed, expected):
     assert [g.name for g in find_gpus(load_gpus(), [typed])] == expected

@@ -135,6 +135,11 @@ def test_an_unknown_config_path_is_refused(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(tmp_path / "nope" / "config.json")), "never downloads")
 
 
+def test_overrides_on_a_model_are_refused_not_ignored(capsys):
+    assert_refused(invoke(capsys, "plan", "llama-3.2-1b", "model.lora.dropout=0"), "KEY=VALUE overrides change a "
+                   "recipe", "--lora-rank")
+
+
 def test_each_region_of_the_step_is_extended_on_its_own_line():
     # at 1-2 blocks the peak is in backward of the head, at 4 at the end of forward: extending the highest point
     # of the shallow traces misses it; the highest of the regions' extended lines does not
@@ -160,3 +165,15 @@ def test_model_facts_extended_from_two_depths_equal_the_whole_models(method):
     planned = job(method=method)
     assert traced_depths(planned) is not None
     assert model_facts(planned) == _facts(build_lm(planned, device="meta"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_a_mixture_of_experts_model_plans_to_the_cpu_allocators_peak(method):
+    """Mixtral-style routing (top-k experts, grouped matmuls over fused expert weights) traces on fake tensors."""
+    from tests.llm.test_models import MOE
+
+    planned = LmJob(model=MOE, seq_len=32, batch_size=2, dtype="fp32", precision="fp32", method=method)
+    traced = trace_lm(planned, 2, device_kind="cpu")
+    real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
+    assert traced.peak_bytes == pytest.approx(real, rel=0.01)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError
+from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError, TrainwiseWarning
 from trainwise.launch.torchrun import Launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
@@ -328,7 +328,7 @@ _unwrap_help_texts(app)
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
     """trainwise's own warnings as one line for the person at the terminal; others as Python shows them."""
-    if issubclass(category, RunDirWarning):
+    if issubclass(category, TrainwiseWarning):
         return f"warning: {message}\n"
     return _python_format_warning(message, category, filename, lineno, line)
 

@@ -63,7 +63,7 @@ def plan(
     lm_flags = dict(method=method, seq_len=seq_len, batch_size=batch, micro_batch_size=micro_batch, dtype=dtype,
                     precision=precision, optimizer=optimizer, gradient_checkpointing=checkpointing,
                     loss_chunk_size=loss_chunk, lora_rank=lora_rank, trainable_blocks=trainable_blocks)
-    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json):
+    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json, overrides or []):
         return None
     config = load_recipe(recipe, overrides or [])
     if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json):

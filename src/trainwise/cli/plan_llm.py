@@ -21,10 +21,17 @@ def is_language_model(argument: str) -> bool:
     return suffix == ".json" or looks_like_config_spec(argument)
 
 
-def language_model_plan(argument: str, flags: dict, gpus: tuple[str, ...], max_gpus: int, as_json: bool) -> bool:
+def language_model_plan(argument: str, flags: dict, gpus: tuple[str, ...], max_gpus: int, as_json: bool,
+                        overrides: list[str] = ()) -> bool:
     """Plan `argument` as a language model when it names one (True), else leave it to the recipe path."""
     if not is_language_model(argument):
         return False
+    if overrides:
+        from trainwise.errors import ConfigError
+        raise ConfigError(f"{' '.join(overrides)}: KEY=VALUE overrides change a recipe, and {argument} is a model. "
+                          "Use the flags (--method, --seq-len, --batch, --micro-batch, --dtype, --lora-rank, ...; "
+                          "see trainwise plan --help), or plan a recipe whose model.hf_config names this model: "
+                          "trainwise plan recipe.yaml model.lora.dropout=0")
     from trainwise.llm.methods import LoraSettings
     from trainwise.plan.llm_report import make_lm_plan
     from trainwise.plan.llm_step import LmJob

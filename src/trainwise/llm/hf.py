@@ -10,8 +10,9 @@ command's help does not pay for it.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from trainwise.errors import ConfigError
 from trainwise.llm import catalogue
@@ -118,6 +119,29 @@ def build_model(config, device: "str | torch.device | None" = "meta",
             if attention == FALLBACK_ATTENTION or "attention" not in str(exc):
                 raise ConfigError(f"transformers cannot build {type(config).__name__}: {exc}") from None
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def traceable_experts() -> Iterator[None]:
+    """Mixture-of-experts models on fake tensors: transformers runs the experts' matmuls through torch's grouped
+    matmul, whose shape check (a CUDA kernel's) refuses fp32 weights, or through its own fallback op, whose fake
+    implementation gives the same output shapes for any dtype. The plan models the fused kernel either way (one
+    output per routed token, no workspace), so while it traces, transformers is told to take the fallback.
+    Models without experts never reach this switch; a transformers without it is left as it is."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        yield
+        return
+    original = getattr(moe, "_can_use_grouped_mm", None)
+    if original is None:
+        yield
+        return
+    moe._can_use_grouped_mm = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu",

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, TrainwiseWarning
 from trainwise.llm.optional import available, require
 
 if TYPE_CHECKING:
@@ -133,14 +133,32 @@ def add_lora(model: "nn.Module", settings: LoraSettings) -> "nn.Module":
         targets = linear_layer_names(model)  # peft expands all-linear for transformers models only
     if not targets:
         raise ConfigError(f"model.method=lora: {type(model).__name__} has no Linear layers to adapt")
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+    dropout = settings.dropout
+    if dropout and _has_fused_experts(model):
+        # peft adapts a mixture-of-experts model's fused expert weights (one tensor for all experts) as
+        # parameters, where it has no dropout; the adapters train as asked otherwise
+        warnings.warn(f"LoRA dropout {dropout} left out: peft adapts the fused expert weights of "
+                      f"{type(model).__name__} without dropout (set model.lora.dropout=0 to say so, or target "
+                      "the attention layers only with model.lora.target_modules).", TrainwiseWarning, stacklevel=2)
+        dropout = 0.0
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=dropout,
                              target_modules=targets, task_type="CAUSAL_LM" if _is_hf(model) else None)
     try:
-        with warnings.catch_warnings():  # peft 0.21 asks transformers 5 for a renamed flag: noise in every run's log
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return peft.get_peft_model(model, config)
+        return _peft_model(peft, model, config)
     except ValueError as exc:
         raise ConfigError(f"model.lora.target_modules={settings.target_modules!r}: {exc}") from None
+
+
+def _has_fused_experts(model: "nn.Module") -> bool:
+    """A mixture-of-experts block that keeps all experts' weights in one 3-D tensor (transformers 5)."""
+    return any(type(module).__name__.endswith("Experts") and any(p.dim() == 3 for p in module.parameters(False))
+               for module in model.modules())
+
+
+def _peft_model(peft: Any, model: "nn.Module", config: Any) -> "nn.Module":
+    with warnings.catch_warnings():  # peft 0.21 asks transformers 5 for a renamed flag: noise in every run's log
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return peft.get_peft_model(model, config)
 
 
 def qlora_unavailable_reason(device: Any = None) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -183,8 +184,14 @@ def _matching(gpus: tuple[Gpu, ...], name: str) -> list[Gpu]:
     if alias is not None:
         return [g for g in gpus if g.name == alias]
     # a prefix of the name, with or without its family (`4090` for RTX 4090)
-    return [g for g in gpus if _key(g.name).startswith(key) or _key(g.name).removeprefix("rtx").startswith(key)
-            and key[0].isdigit()]
+    found = [g for g in gpus if _key(g.name).startswith(key) or _key(g.name).removeprefix("rtx").startswith(key)
+             and key[0].isdigit()]
+    sized = re.fullmatch(r"\s*(.+?)[\s_-]+(\d+)\s*gb\s*", name.lower())
+    if found or not sized:
+        return found
+    # a family with the memory on the box (`H100-80GB`, `L40S-48GB`, `H200-141GB`): its cards of about that size
+    family, size = _matching(gpus, sized.group(1)), int(sized.group(2))
+    return [g for g in family if abs(g.memory_gib - size) <= 0.08 * size]
 
 
 def parse_rates(items: list[str]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from trainwise.llm import methods
+from trainwise.llm import hf, methods
 from trainwise.plan.advise import Estimates, PeakCurve
 from trainwise.plan.job import traced_sizes
 from trainwise.plan.llm_step import LmJob, build_lm, lm_step
@@ -77,9 +77,10 @@ def trace_lm(job: LmJob, micro: int, seq_len: int | None = None, device_kind: De
 
     def step(depth):
         return replace(lm_step(job, depth, micro, seq_len, device_kind), count_flops=count_flops)
-    if depths is None:
-        return trace_step(step(None))
-    low, high = (trace_step(step(d)) for d in depths)
+    with hf.traceable_experts():
+        if depths is None:
+            return trace_step(step(None))
+        low, high = (trace_step(step(d)) for d in depths)
     return extend(low, high, depths, job.depth())
 
 
