@@ -46,6 +46,31 @@ def test_weight_zero_answers_carry_no_loss_and_the_others_do(bpe, template):
     assert [r.split("<")[0].strip() for r in trained_runs(plain, bpe)] == ["two one", "1 2 3"]
 
 
+def test_weight_zero_with_the_tokenizers_own_jinja_template(tmp_path):
+    from tests.text.sft_tokenizers import write_hf_tokenizer_dir
+    from trainwise.text.chat_templates import choose_template
+    from trainwise.text.tokenizer import ModelTokenizer
+
+    pytest.importorskip("transformers")
+    tokenizer = ModelTokenizer.from_directory(write_hf_tokenizer_dir(tmp_path / "model"))
+    chat = Conversation((Turn("user", "q"), Turn("assistant", "old", 0), Turn("user", "r"), Turn("assistant", "new")))
+    sample = encode_conversation(chat, choose_template(None, tokenizer), tokenizer)
+    runs = trained_runs(sample, tokenizer)
+    assert len(runs) == 1 and runs[0].startswith("new") and "old" not in runs[0]
+
+
+def test_held_out_conversations_keep_their_weights(tmp_path, bpe):
+    from trainwise.text.chat import ReadResult
+    from trainwise.text.instruct_prepare import InstructOptions, prepare_instructions, read_held_out
+
+    chats = [Conversation((Turn("user", f"q{i}"), Turn("assistant", "old", 0), Turn("user", "r"),
+                           Turn("assistant", f"a{i}")), f"f[{i}]") for i in range(4)]
+    prepare_instructions(ReadResult(chats, "messages"), tmp_path / "ds", bpe,
+                         InstructOptions(template="chatml", val_fraction=0.5))
+    held = read_held_out(tmp_path / "ds", "val")
+    assert len(held) == 2 and held[0].turns[1] == Turn("assistant", "old", 0) and held[0].turns[3].weight == 1
+
+
 def alpaca_rows(n):
     return [{"instruction": f"Reverse: w{i} w{i + 1}", "input": "", "output": f"w{i + 1} w{i}"} for i in range(n)]
 
