@@ -36,7 +36,7 @@ def test_text_folder_is_split_by_document_and_bad_files_named(tmp_path):
     skipped = {entry["file"]: entry["reason"] for entry in manifest["skipped"]["files"]}
     assert skipped == {"latin1.txt": "not UTF-8 (byte 0xe9 at offset 3)", "blank.md": "empty",
                        "rows.jsonl:2": skipped["rows.jsonl:2"], "rows.jsonl:3": skipped["rows.jsonl:3"]}
-    assert "not JSON" in skipped["rows.jsonl:2"] and "--text-field" in skipped["rows.jsonl:3"]
+    assert "not valid JSON" in skipped["rows.jsonl:2"] and "--text-field" in skipped["rows.jsonl:3"]
     tokenizer = load_tokenizer(tmp_path / "out" / "tokenizer")
     assert tokenizer.fingerprint == manifest["tokenizer"]["fingerprint"]
     train = splits["train"]

@@ -20,8 +20,9 @@ data_app = typer.Typer(name="data", help="Check and measure prepared datasets.",
 def prepare(
     source: Path = typer.Argument(..., help="A folder of class sub-folders of images, a CSV/Parquet table, an "
                                   "interaction log (CSV/Parquet with user, item, timestamp; MovieLens "
-                                  "ratings.dat or u.data; RecBole .inter), or text (.txt/.md files or folders, "
-                                  "JSONL with a text field)."),
+                                  "ratings.dat or u.data; RecBole .inter), text (.txt/.md files or folders; "
+                                  "JSONL, JSON or Parquet rows with a text field), or instruction data (JSONL, "
+                                  "JSON or Parquet rows: alpaca, sharegpt, messages, prompt-completion)."),
     to: Path = typer.Option(..., "--to", help="Directory to write the prepared dataset to (keep it off the "
                             "system disk)."),
     kind: str = typer.Option("auto", help="auto | images | table | interactions | text."),
@@ -60,10 +61,12 @@ def prepare(
                                             "download) or a local model directory whose tokenizer to use."),
     train_tokenizer: Optional[int] = typer.Option(None, help="Text: train a byte-level BPE of this many ids on "
                                                   "the training documents (e.g. 8000)."),
-    text_field: str = typer.Option("text", help="Text: the field of each JSONL record that holds the document."),
+    text_field: str = typer.Option("text", help="Text: the field of each JSONL/JSON/Parquet row that holds the "
+                                  "document."),
     seq_len: Optional[int] = typer.Option(None, help="Text: the context length to report truncation and packing "
                                           "for (default: suggested from the document lengths)."),
-    chat_format: str = typer.Option("auto", "--format", help="Chat data: alpaca | sharegpt | messages | auto."),
+    chat_format: str = typer.Option("auto", "--format", help="Chat data: alpaca | sharegpt | messages | "
+                                     "prompt-completion | auto (detected from the rows)."),
     template: Optional[str] = typer.Option(None, help="Chat data: chatml | llama3 | plain (default: the tokenizer's)."),
     too_long: str = typer.Option("truncate", help="Chat data over --seq-len: truncate the prompt, or drop."),
     mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Chat data: loss on answers only."),
@@ -76,7 +79,7 @@ def prepare(
     from trainwise.text.corpus import looks_like_text
     from trainwise.text.prepare import prepare_corpus
 
-    if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source)):
+    if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source, text_field)):
         run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
     chosen = locals()

@@ -40,7 +40,7 @@ class PrepareOptions:
     train_tokenizer: int | None = None   # text: train a byte-level BPE of this many ids on the training split
     text_field: str = "text"             # text: the field of a JSONL record holding the document
     seq_len: int | None = None           # text: context length the length report is made for (None: suggest)
-    chat_format: str = "auto"            # instruction data: auto | alpaca | sharegpt | messages
+    chat_format: str = "auto"            # instruction data: auto | alpaca | sharegpt | messages | prompt-completion
     template: str | None = None          # instruction data: a built-in chat template; None: the tokenizer's
     too_long: str = "truncate"           # instruction data: over seq_len, truncate the prompt or drop
     mask_prompt: bool = True             # instruction data: only the assistant's tokens carry loss
@@ -64,5 +64,6 @@ class PrepareOptions:
             raise DataError(f"--max-image-pixels {self.max_image_pixels}: give a pixel count, e.g. 200000000.")
         if self.too_long not in ("truncate", "drop"):
             raise DataError(f"--too-long {self.too_long!r}: use truncate (cut the prompt's start) or drop.")
-        if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages"):
-            raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt or messages.")
+        if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages", "prompt-completion"):
+            raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt, messages or "
+                            "prompt-completion.")

@@ -2,8 +2,9 @@
 
 A conversation goes through a chat template into segments (chat_templates.py); each segment is encoded on its
 own, so a prompt at generation time is encoded exactly as it was in training. A token carries loss only when it
-belongs to an assistant answer. Labels follow the batch contract: `labels[t]` is the id expected at output t
-(`ids[t + 1]`), or -100 where that next token is prompt, system text, or markup.
+belongs to an assistant answer (not one of weight 0, which is context). Labels follow the batch contract:
+`labels[t]` is the id expected at output t (`ids[t + 1]`), or -100 where that next token is prompt, system text,
+markup, or a weight-0 answer.
 
 Over-long samples (more than `max_tokens`): `truncate` drops tokens from the start (the oldest prompt text)
 as long as the last answer stays whole, else the sample is dropped; `drop` drops every over-long sample.
@@ -11,12 +12,12 @@ Both are counted, never silent.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Literal
 
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation
-from trainwise.text.chat_templates import ChatTemplate
+from trainwise.text.chat_templates import ChatTemplate, Segment
 
 IGNORE_INDEX = -100
 TooLong = Literal["truncate", "drop"]
@@ -56,9 +57,10 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
                         tokenizer: Any, *, mask_prompt: bool = True) -> Sample:
     """Token ids and per-token loss flags. `mask_prompt=False` (an ablation) lets every token carry loss."""
     messages = conversation.as_messages() if isinstance(conversation, Conversation) else conversation
+    segments = _weighted(template.segments(messages), conversation, template)
     ids: list[int] = []
     trains: list[bool] = []
-    for segment in template.segments(messages):
+    for segment in segments:
         piece = list(tokenizer.encode(segment.text)) if segment.text else []
         if segment.end_of_answer:
             if tokenizer.eos_id is None:
@@ -72,6 +74,22 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
         ids.append(tokenizer.eos_id)
         trains.append(trains[-1])
     return Sample(ids, trains)
+
+
+def _weighted(segments: list[Segment], conversation: Conversation | list[dict[str, str]],
+              template: ChatTemplate) -> list[Segment]:
+    """The segments with answers of weight 0 (context only) not carrying loss. Every template writes one
+    training segment per assistant message, in order, so the i-th training segment is the i-th answer."""
+    if not isinstance(conversation, Conversation) or all(t.trains for t in conversation.turns
+                                                          if t.role == "assistant"):
+        return segments
+    answers = [t.trains for t in conversation.turns if t.role == "assistant"]
+    if sum(s.trains for s in segments) != len(answers):
+        raise DataError(f"{conversation.source}: the {template.name} chat template wrote "
+                        f"{sum(s.trains for s in segments)} answers for {len(answers)} assistant turns, so the "
+                        "turns with weight 0 cannot be found; use --template chatml.")
+    weights = iter(answers)
+    return [replace(s, trains=next(weights)) if s.trains else s for s in segments]
 
 
 def fit_length(sample: Sample, max_tokens: int, too_long: TooLong) -> tuple[Sample | None, str]:

@@ -1,4 +1,4 @@
-"""`trainwise prepare` for instruction data: JSONL conversations -> token shards with a loss mask.
+"""`trainwise prepare` for instruction data: conversations (JSONL, JSON, Parquet) -> token shards with a loss mask.
 
 The dataset is an ordinary text dataset (text/tokens.py: tokens, document offsets, the tokenizer) whose
 `loss_mask` marks the assistant's tokens, so packing (text/packing.py) gives -100 to every prompt token and keeps
@@ -18,16 +18,17 @@ from typing import Any
 
 from trainwise.rundir.atomic import atomic_write_bytes
 from trainwise.errors import DataError
-from trainwise.text.chat import Conversation, ReadResult, Turn, read_chat_files
+from trainwise.text.chat import Conversation, ReadResult, Turn, chat_files, read_chat_files
 from trainwise.text.chat_templates import BUILTIN_TEMPLATES, choose_template, save_template_choice, template_record
 from trainwise.text.instruct import EncodeStats, TooLong, encode_all
 from trainwise.text.packing import length_report
+from trainwise.text.rows import chat_keys, first_keys, is_row_file
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
 
 
 @dataclass(frozen=True)
 class InstructOptions:
-    format: str = "auto"          # auto | alpaca | sharegpt | messages
+    format: str = "auto"          # auto | alpaca | sharegpt | messages | prompt-completion
     template: str | None = None   # a built-in name, or None: the tokenizer's own chat template
     seq_len: int = 2048           # the longest sample kept (tokens)
     too_long: TooLong = "truncate"
@@ -51,28 +52,11 @@ class InstructResult:
     stats: dict[str, EncodeStats]
 
 
-def chat_files(source: Path) -> list[Path]:
-    """The JSONL files of an instruction source (a file, or a folder of them)."""
-    if source.is_file():
-        return [source]
-    return sorted(p for p in source.rglob("*.jsonl") if p.is_file()
-                  and not any(part.startswith(".") for part in p.relative_to(source).parts))
-
-
 def looks_like_chat(source: Path) -> bool:
-    """JSONL whose first row is alpaca, sharegpt or messages (so `prepare` needs no --kind)."""
-    files = [p for p in chat_files(source) if p.suffix.lower() == ".jsonl"] if source.exists() else []
-    if not files:
-        return False
-    with open(files[0], "rb") as f:
-        for raw in f:
-            if raw.strip():
-                try:
-                    row = json.loads(raw)
-                    return isinstance(row, dict) and bool({"messages", "conversations", "instruction"} & set(row))
-                except ValueError:
-                    return False
-    return False
+    """Row files (JSONL, JSON, Parquet) whose first row is alpaca, sharegpt, messages or prompt-completion (so
+    `prepare` needs no --kind)."""
+    files = chat_files(source) if source.exists() else []
+    return bool(files) and is_row_file(files[0]) and chat_keys(first_keys(files[0]))
 
 
 def conversations_file(split: str) -> str:
@@ -95,11 +79,17 @@ def split_conversations(conversations: list[Conversation], options: InstructOpti
 
 
 def _write_conversations(directory: Path, split: str, conversations: list[Conversation]) -> dict[str, Any]:
-    lines = "".join(json.dumps({"messages": c.as_messages(), "source": c.source}) + "\n" for c in conversations)
+    lines = "".join(json.dumps({"messages": _with_weights(c), "source": c.source}) + "\n" for c in conversations)
     data = lines.encode()
     name = conversations_file(split)
     atomic_write_bytes(directory / name, data)
     return {name: {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+
+
+def _with_weights(conversation: Conversation) -> list[dict[str, Any]]:
+    """The messages, with `"weight": 0` on answers that were context only (as OpenAI's format writes it)."""
+    return [{**m, "weight": 0} if t.role == "assistant" and not t.trains else m
+            for t, m in zip(conversation.turns, conversation.as_messages())]
 
 
 def prepare_chat(to: Path, source: Path, options: Any) -> dict[str, Any]:
@@ -159,7 +149,8 @@ def read_held_out(directory: str | Path, split: str = "val") -> list[Conversatio
     out = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        out.append(Conversation(tuple(Turn(m["role"], m["content"]) for m in row["messages"]), row.get("source", "")))
+        turns = tuple(Turn(m["role"], m["content"], m.get("weight", 1)) for m in row["messages"])
+        out.append(Conversation(turns, row.get("source", "")))
     return out
 
 

@@ -1,0 +1,155 @@
+"""Rows of a data file, whatever form it comes in: JSONL (a JSON object a line), `.json` (an array of objects,
+an object holding one such array under a single key such as `data` or `train`, or JSONL under a .json name), and
+Parquet (read in row batches; nested columns come out as lists of dicts). Instruction data (chat.py) and text
+corpora (corpus.py) read through here.
+
+Each row comes with its source: `file:line` for JSONL, `file[index]` (0-based) for arrays and Parquet. A row
+that cannot be read is yielded as a `RowError` in its place, so callers name it and carry on; a file that
+cannot be read at all (a broken JSON array, a file that is not Parquet) is one RowError named by the file.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainwise.errors import DataError
+
+JSONL_SUFFIXES = (".jsonl",)
+JSON_SUFFIXES = (".json",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ROW_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
+PARQUET_BATCH = 1024  # rows decoded at once: a large Parquet file is never held whole
+ROW_KEYS = ("messages", "conversations", "instruction", "output", "prompt", "completion", "text")
+
+
+class RowError(ValueError):
+    """One row (or a whole file) cannot be used: the message says what is wrong with it."""
+
+
+Rows = Iterator[tuple[str, "object | RowError"]]
+
+
+def is_row_file(path: Path) -> bool:
+    return path.suffix.lower() in ROW_SUFFIXES
+
+
+def read_rows(path: Path, name: str | None = None) -> Rows:
+    """(source, row or RowError) for every row of `path`, in order; `name` is how sources name the file."""
+    name = str(path) if name is None else name
+    suffix = path.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        yield from _parquet_rows(path, name)
+    elif suffix in JSON_SUFFIXES:
+        yield from _json_rows(path, name)
+    else:
+        yield from _jsonl_rows(path, name)
+
+
+def _jsonl_rows(path: Path, name: str) -> Rows:
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue  # blank lines between records are not rows
+            yield f"{name}:{number}", _parse_line(raw)
+
+
+def _parse_line(raw: bytes) -> object:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return RowError(f"not UTF-8 ({e.reason} at byte {e.start})")
+    except json.JSONDecodeError as e:
+        return RowError(f"not valid JSON ({e.msg}, column {e.colno})")
+
+
+def _json_rows(path: Path, name: str) -> Rows:
+    """A .json file: an array of rows, {"key": [rows]}, one row object, or JSONL under a .json name."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        yield name, RowError(f"not UTF-8 ({e.reason} at byte {e.start})")
+        return
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as e:
+        if text.lstrip().startswith("{"):  # JSONL named .json: each line is a row, broken lines named alone
+            yield from _jsonl_rows(path, name)
+        else:
+            yield name, RowError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file "
+                                 "holds an array of rows, or write one JSON object a line (JSONL)")
+        return
+    rows = _unwrap(document)
+    if rows is None:
+        yield name, RowError(f"a .json file must hold an array of row objects (or one object with a single list "
+                             f"of them, like {{\"data\": [...]}}); this one holds {_describe(document)}")
+        return
+    for index, row in enumerate(rows):
+        yield f"{name}[{index}]", row
+
+
+def _unwrap(document: object) -> list | None:
+    """The rows of a parsed .json document, or None when it holds none."""
+    if isinstance(document, list):
+        return document
+    if not isinstance(document, dict):
+        return None
+    if set(document) & set(ROW_KEYS):
+        return [document]  # the file is one row (JSONL of a single line)
+    lists = [value for value in document.values()
+             if isinstance(value, list) and value and all(isinstance(item, dict) for item in value)]
+    return lists[0] if len(lists) == 1 else None
+
+
+def _describe(document: object) -> str:
+    if isinstance(document, dict):
+        return f"an object with keys {sorted(document)[:6]}"
+    return f"a {type(document).__name__}"
+
+
+def _parquet_rows(path: Path, name: str) -> Rows:
+    pq = _pyarrow_parquet(path)
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError for a file that is not Parquet
+        yield name, RowError(f"not a readable Parquet file ({e})")
+        return
+    index = 0
+    try:
+        for batch in file.iter_batches(batch_size=PARQUET_BATCH):
+            for row in batch.to_pylist():
+                yield f"{name}[{index}]", row
+                index += 1
+    except Exception as e:  # a corrupt row group: what came before it is kept
+        yield f"{name}[{index}]", RowError(f"the Parquet file cannot be read from here on ({e})")
+
+
+def _pyarrow_parquet(path: Path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'trainwise[parquet]'") from None
+    return pq
+
+
+def first_keys(path: Path) -> set[str]:
+    """The fields of a file's rows, from its first row (a Parquet file's columns): empty when none is readable."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        try:
+            return set(_pyarrow_parquet(path).read_schema(path).names)
+        except DataError:
+            raise
+        except Exception:
+            return set()
+    for _, row in read_rows(path):
+        if isinstance(row, dict):
+            return set(row)
+        if not isinstance(row, RowError):
+            return set()
+    return set()
+
+
+def chat_keys(keys: set[str]) -> bool:
+    """Whether rows with these fields are instruction data (alpaca, sharegpt, messages or prompt-completion)."""
+    return bool({"messages", "conversations", "instruction"} & keys) or {"prompt", "completion"} <= keys
