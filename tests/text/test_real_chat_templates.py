@@ -81,3 +81,8 @@ def test_a_template_that_rewrites_the_answer_names_the_fix():
 def test_a_template_that_refuses_the_conversation_says_so():
     with pytest.raises(DataError, match="roles must alternate"):
         JinjaTemplate(MISTRAL, SPECIAL).segments(CHAT[1:2] + CHAT[1:3])
+
+
+@pytest.mark.parametrize("source,stop", [(PHI3, "<|end|>"), (MISTRAL, "</s>"), (OLMO, "</s>"), (LLAMA3, "<|eot_id|>")])
+def test_generation_stops_at_the_templates_own_end_of_answer(source, stop):
+    assert JinjaTemplate(source, SPECIAL).stop_text == stop

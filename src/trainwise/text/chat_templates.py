@@ -185,7 +185,11 @@ class JinjaTemplate:
     def stop_text(self) -> str | None:
         """What the template writes right after an answer (`<|im_end|>`, `<|eot_id|>`): found by rendering a
         sentinel answer; the tokenizer's end-of-text when the template writes nothing there."""
-        return self._text_after_answer().strip() or self.special_tokens.get("eos_token")
+        eos = self.special_tokens.get("eos_token") or ""
+        text = self._text_after_answer().strip()
+        if eos and text.endswith(eos):  # Phi-3 closes the conversation too: "<|end|>\n<|endoftext|>"
+            text = text.removesuffix(eos).strip()
+        return text or eos or None
 
 
 def _find(full: str, text: str, since: int) -> tuple[int, int]:
