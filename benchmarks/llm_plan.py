@@ -33,6 +33,10 @@ FAMILIES = {  # small configs of each family (parameters printed in the result)
                                          vocab_size=8192)),
     "qwen-style": ("qwen2.5-0.5b", dict(num_hidden_layers=4, hidden_size=256, intermediate_size=704,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)),
+    # mixture of experts: top-2 routing over 4 fused experts (transformers 5's grouped matmuls)
+    "mixtral-style": ({"model_type": "mixtral"}, dict(num_hidden_layers=4, hidden_size=256, intermediate_size=352,
+                                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                                       vocab_size=8192, num_local_experts=4, num_experts_per_tok=2)),
 }
 SETTINGS = {  # method, weights dtype, autocast
     "full fp32": dict(method="full", dtype="fp32", precision="fp32"),
