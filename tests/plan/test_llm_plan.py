@@ -16,6 +16,7 @@ from trainwise.plan.llm_advice import candidate_levers  # noqa: E402
 from trainwise.plan.llm_plan import estimate_lm, trace_lm, traced_depths  # noqa: E402
 from trainwise.plan.llm_step import LmJob, lm_step  # noqa: E402
 from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
+from trainwise.plan.kernel_bounds import threads  # noqa: E402
 from trainwise.plan.probe import measured_peak_bytes  # noqa: E402
 
 TINY = dict(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -48,7 +49,8 @@ def test_two_traced_depths_extend_exactly_to_the_full_depth(changes):
 def test_the_plan_is_the_cpu_allocators_peak_of_the_real_step(changes):
     planned = job(**changes)
     traced = trace_lm(planned, 2, device_kind="cpu")
-    real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
+    with threads(1):  # a process held to one thread (OMP_NUM_THREADS=1) measures with the threads the plan bounds
+        real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
     assert traced.peak_bytes == pytest.approx(real, rel=0.01)
 
 

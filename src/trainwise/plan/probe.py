@@ -6,6 +6,7 @@ allocation events of torch.profiler (each records the bytes the CPU allocator ha
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import platform
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from trainwise.plan.memory import TrainingStep, build_train_step, make_batch
-from trainwise.plan.workspaces import quiet_stderr
+from trainwise.plan.workspaces import probe_threads, quiet_stderr, threads
 
 
 @dataclass(frozen=True)
@@ -150,14 +151,18 @@ def cpu_peaks(run: Callable[[], None], within: str | None = None) -> tuple[int, 
 
 
 def measured_peak_bytes(step: TrainingStep, device: torch.device) -> int:
-    """Real peak of what trace_step estimates: the model, then two steps of the Trainer's TrainStep."""
+    """Real peak of what trace_step estimates: the model, then two steps of the Trainer's TrainStep. On the CPU
+    the steps run with the threads the trace assumes (`probe_threads`: every usable core, as a run here may
+    use), since kernels take buffers per thread: a process limited to fewer (OMP_NUM_THREADS=1) would measure
+    less than the plan bounds."""
     def two_steps() -> None:
         model = step.build_model().to(device)
         train_step = build_train_step(step, model, device)
         for _ in range(2):
             train_step(host_batches(step))
 
-    return peak_bytes(two_steps, device)
+    with contextlib.nullcontext() if device.type == "cuda" else threads(probe_threads()):
+        return peak_bytes(two_steps, device)
 
 
 def peak_bytes(run: Callable[[], None], device: torch.device, within: str | None = None) -> int:
