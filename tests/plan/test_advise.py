@@ -237,3 +237,10 @@ def test_more_cards_and_a_bigger_card_are_levers_when_the_job_fits_no_card_asked
     assert fsdp.slowdown > 1  # card-time: FSDP scales below 100%
     assert bigger.name.startswith("a bigger card (Mid") and bigger.how == "--gpu Mid"  # the smallest that holds it
     assert llm_advice.hardware_levers(est, BIG, (SMALL, mid, BIG)) == []  # it fits the card asked about: none
+
+
+def test_fsdp_beyond_one_server_is_started_on_several_machines():
+    from trainwise.plan.llm_advice import fsdp_command
+
+    assert fsdp_command(8) == "trainwise train --nproc 8 ... train.strategy=fsdp"
+    assert "--nproc 8 --nnodes 2 --node-rank I --rdzv-endpoint HOST:PORT" in fsdp_command(16)

@@ -22,6 +22,7 @@ QLORA_SLOWDOWN = 1.3
 OFFLOAD_SLOWDOWN = 2.0
 LOSS_CHUNK = 1024
 FSDP_CARDS = (2, 4, 8, 16, 32, 64)  # FSDP layouts offered as a lever: the fewest that fit
+NODE_GPUS = 8  # GPUs in one server: more cards than this are several machines
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,8 @@ def hardware_levers(est: LmEstimate, gpu: Gpu, catalogue: tuple[Gpu, ...]) -> li
         row = rules.plan_card(inputs, gpu, options, cards, "fsdp")
         if row.fits:
             slowdown = cards * row.step_time_s / max(alone.step_time_s, 1e-12)
-            out.append(Lever(f"FSDP over {cards} x {gpu.name}", f"trainwise train --nproc {cards} ... "
-                             "train.strategy=fsdp", row.needed_bytes, round(slowdown, 3), (gpu.name,), hardware=True))
+            out.append(Lever(f"FSDP over {cards} x {gpu.name}", fsdp_command(cards), row.needed_bytes,
+                             round(slowdown, 3), (gpu.name,), hardware=True))
             break
     for card in sorted(catalogue, key=lambda g: (g.memory_bytes, g.name)):
         row = rules.plan_card(inputs, card, options, 1, "single")
@@ -183,6 +184,15 @@ def hardware_levers(est: LmEstimate, gpu: Gpu, catalogue: tuple[Gpu, ...]) -> li
                              row.needed_bytes, 1.0, (card.name,), hardware=True))
             break
     return out
+
+
+def fsdp_command(cards: int) -> str:
+    """How to start FSDP over `cards` GPUs: one machine up to NODE_GPUS, else machines of NODE_GPUS each
+    (the same command on every machine, rendezvous at the first)."""
+    if cards <= NODE_GPUS:
+        return f"trainwise train --nproc {cards} ... train.strategy=fsdp"
+    return (f"{cards // NODE_GPUS} machines of {NODE_GPUS}: trainwise train --nproc {NODE_GPUS} --nnodes "
+            f"{cards // NODE_GPUS} --node-rank I --rdzv-endpoint HOST:PORT ... train.strategy=fsdp")
 
 
 def combine(job: LmJob, levers: list[Lever], gpu: Gpu) -> Lever | None:
