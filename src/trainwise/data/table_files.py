@@ -38,12 +38,21 @@ def read_table(path: Path, encoding: str | None = None) -> TableFile:
         import pyarrow  # noqa: F401
     except ImportError:
         if parquet:
-            raise DataError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+            parquet_module(path)  # names the extra to install
         names, columns = _read_csv_module(path, delimiter, encoding)
     else:
         names, columns = _read_pyarrow(path, delimiter, encoding, parquet)
     named, renamed = _name_columns(path, names, columns)
     return TableFile(named, notes + renamed)
+
+
+def parquet_module(path: Path):
+    """pyarrow.parquet, or a DataError naming the extra that installs it (tables, text and chat rows read Parquet)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'trainwise[parquet]'") from None
+    return pq
 
 
 def read_columns(path: Path, encoding: str | None = None) -> dict[str, np.ndarray]:

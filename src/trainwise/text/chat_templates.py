@@ -11,6 +11,7 @@ sample was, so the model sees at `trainwise generate` what it learned on.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,13 +167,15 @@ class JinjaTemplate:
     def _closing_marker_at(self, full: str, end: int) -> int:
         """How many characters of the template's end-of-answer text follow an answer found by its text."""
         eos = self.special_tokens.get("eos_token") or ""
-        marker = self._text_after_answer()
+        marker = self._text_after_answer
         for candidate in (marker, marker.removesuffix(eos) if eos else "", marker.strip()):
             if candidate and full.startswith(candidate, end):
                 return len(candidate)
         return 0
 
+    @functools.cached_property
     def _text_after_answer(self) -> str:
+        """What the template writes after an answer, from a one-turn render of a sentinel answer (rendered once)."""
         sentinel = "\x00answer\x00"
         rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": sentinel}],
                                 add_generation_prompt=False)
@@ -186,7 +189,7 @@ class JinjaTemplate:
         """What the template writes right after an answer (`<|im_end|>`, `<|eot_id|>`): found by rendering a
         sentinel answer; the tokenizer's end-of-text when the template writes nothing there."""
         eos = self.special_tokens.get("eos_token") or ""
-        text = self._text_after_answer().strip()
+        text = self._text_after_answer.strip()
         if eos and text.endswith(eos):  # Phi-3 closes the conversation too: "<|end|>\n<|endoftext|>"
             text = text.removesuffix(eos).strip()
         return text or eos or None

@@ -13,11 +13,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainwise.data.table_files import PARQUET_SUFFIXES, parquet_module
 from trainwise.errors import DataError
 
 JSONL_SUFFIXES = (".jsonl",)
 JSON_SUFFIXES = (".json",)
-PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
 PARQUET_BATCH = 1024  # rows decoded at once: a large Parquet file is never held whole
 ROW_KEYS = ("messages", "conversations", "instruction", "output", "prompt", "completion", "text")
@@ -109,7 +109,7 @@ def _describe(document: object) -> str:
 
 
 def _parquet_rows(path: Path, name: str) -> Rows:
-    pq = _pyarrow_parquet(path)
+    pq = parquet_module(path)
     try:
         file = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError for a file that is not Parquet
@@ -125,19 +125,11 @@ def _parquet_rows(path: Path, name: str) -> Rows:
         yield f"{name}[{index}]", RowError(f"the Parquet file cannot be read from here on ({e})")
 
 
-def _pyarrow_parquet(path: Path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'trainwise[parquet]'") from None
-    return pq
-
-
 def first_keys(path: Path) -> set[str]:
     """The fields of a file's rows, from its first row (a Parquet file's columns): empty when none is readable."""
     if path.suffix.lower() in PARQUET_SUFFIXES:
         try:
-            return set(_pyarrow_parquet(path).read_schema(path).names)
+            return set(parquet_module(path).read_schema(path).names)
         except DataError:
             raise
         except Exception:
