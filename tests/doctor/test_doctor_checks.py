@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from trainwise.doctor.checks import has_kernels, run_checks
-from trainwise.doctor.facts import AllReduceFacts, load_facts
+from trainwise.doctor.facts import load_facts
+from trainwise.doctor.smoke import AllReduceFacts
 from trainwise.findings import worst
 from trainwise.doctor.install import driver_install_steps, pick_torch_wheel
 

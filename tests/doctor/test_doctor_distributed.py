@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from trainwise.cli import app
 from trainwise.doctor.checks import run_checks
-from trainwise.doctor.distributed import (SHM_PER_WORKER_BYTES, DistributedFacts, matching_interfaces,
-                                          probe_distributed)
+from trainwise.doctor.distributed import SHM_PER_WORKER_BYTES, matching_interfaces
+from trainwise.doctor.distributed_facts import DistributedFacts, probe_distributed
 from trainwise.doctor.facts import facts_from_dict, facts_to_dict, load_facts
 
 FACTS = Path(__file__).parent / "facts"

@@ -45,7 +45,7 @@ def doctor(
     then, with --nproc or inside a torchrun/srun job, the multi-GPU setup. Every problem comes with its fix.
     Exits 1 when a check fails."""
     from trainwise.doctor.checks import run_checks
-    from trainwise.doctor.distributed import with_job
+    from trainwise.doctor.distributed_facts import with_job
     from trainwise.doctor.facts import collect_facts, load_facts, save_facts
     from trainwise.findings import worst
     from trainwise.telemetry.alerts import thresholds_from

@@ -3,10 +3,14 @@ becomes steps, how many micro-batches make an optimizer step. Everyone else (the
 rules, the report) asks these functions."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from trainwise.config.schema import ScheduleConfig
+
+class Warmup(Protocol):
+    """What a warmup is said with (the schema's ScheduleConfig): a fraction of the run, or a step count."""
+
+    warmup_fraction: float | None
+    warmup_steps: int
 
 # Name parts of metrics where lower is better; every other metric is higher-is-better (accuracy, f1, roc_auc,
 # r2, mrr, hr@k, ndcg@k). The one place this is decided: early stopping, best checkpoints, curve findings
@@ -25,7 +29,7 @@ def metric_mode(metric: str) -> Literal["min", "max"]:
     return "min" if lower_is_better(metric) else "max"
 
 
-def warmup_steps(schedule: "ScheduleConfig", max_steps: int) -> int:
+def warmup_steps(schedule: Warmup, max_steps: int) -> int:
     """Optimizer steps of linear warmup: `warmup_fraction` of the run when set, else `warmup_steps`."""
     if schedule.warmup_fraction is not None:
         return int(round(schedule.warmup_fraction * max_steps))

@@ -19,8 +19,9 @@ from typing import Any
 
 from trainwise.data.loader import usable_cores
 from trainwise.data.disk import DiskFacts, probe_disk
-from trainwise.doctor.distributed import DistributedFacts, probe_distributed
+from trainwise.doctor.distributed_facts import DistributedFacts, probe_distributed
 from trainwise.doctor.gpu_facts import NvmlFacts, probe_nvml
+from trainwise.doctor.smoke import AllReduceFacts, run_all_reduce
 from trainwise.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -39,15 +40,6 @@ class PythonFacts:
     pip_check_ran: bool = False
     pip_conflicts: list[str] = field(default_factory=list)
     """Lines of `pip check` output naming broken requirements."""
-
-
-@dataclass
-class AllReduceFacts:
-    backend: str
-    world_size: int
-    ok: bool
-    seconds: float | None = None
-    error: str | None = None
 
 
 @dataclass
@@ -244,8 +236,6 @@ def probe_torch(*, all_reduce: bool = True) -> TorchFacts:
         facts.peer_access = [[i == j or torch.cuda.can_device_access_peer(i, j)
                               for j in range(facts.device_count)] for i in range(facts.device_count)]
         if all_reduce:
-            from trainwise.doctor.smoke import run_all_reduce
-
             facts.all_reduce = run_all_reduce(world_size=facts.device_count,
                                               backend="nccl" if facts.nccl_available else "gloo")
     return facts

@@ -11,9 +11,19 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
-from trainwise.doctor.facts import AllReduceFacts
+
+@dataclass
+class AllReduceFacts:
+    """One all-reduce over `world_size` local processes: whether it finished, in how long, or what went wrong."""
+
+    backend: str
+    world_size: int
+    ok: bool
+    seconds: float | None = None
+    error: str | None = None
 
 
 def run_all_reduce(world_size: int, backend: str = "nccl", *, timeout_s: float = 60.0) -> AllReduceFacts:
