@@ -293,3 +293,104 @@ def test_the_size_check_sees_a_long_function(tmp_path):
 def test_the_checker_finds_typer_outside_the_face(tmp_path):
     src = _fake_tree(tmp_path, {"plan/commands.py": "import typer\n", "cli/plan.py": "import typer\n"})
     assert terminal_imports(src) == ["trainwise/plan/commands.py:1 imports typer; only cli/ knows the terminal"]
+
+
+# ---- inside a room: no file-level circles, one definition per name, one owner per contract constant -----------
+CONTRACT_CONSTANTS = ("IGNORE_INDEX",)  # the batch contract's names, defined once (data/batch.py) and imported
+
+
+def _modules(src: Path = SRC) -> dict[str, Path]:
+    return {_module_name(path, src): path for path in sorted((src / "trainwise").rglob("*.py"))}
+
+
+def file_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """module -> the modules of its own room it imports (`from trainwise.room import module` counts too)."""
+    modules = _modules(src)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        room = _room(module)
+        for target, names, _ in _imports(path, src):
+            for candidate in (target, *(f"{target}.{name}" for name in names)):
+                if candidate in modules and candidate != module and _room(candidate) == room \
+                        and candidate.count(".") >= 2 and module.count(".") >= 2:
+                    graph.setdefault(module, set()).add(candidate)
+    return graph
+
+
+def file_circles(src: Path = SRC) -> list[list[str]]:
+    """The groups of modules inside one room that import each other round in a circle (strongly connected
+    components of more than one module; TYPE_CHECKING and lazy imports count, as above)."""
+    graph, index, low, stack, on_stack, found = file_graph(src), {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while (member := stack.pop()) != node:
+                on_stack.discard(member)
+                group.append(member)
+            on_stack.discard(node)
+            if group:
+                found.append(sorted([node, *group]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def duplicate_definitions(src: Path = SRC) -> list[str]:
+    """Top-level functions, classes and constants defined twice in one module (the later one shadows)."""
+    found = []
+    for module, path in _modules(src).items():
+        seen: dict[str, int] = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.col_offset == 0:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()]
+            else:
+                continue
+            for name in names:
+                if name in seen:
+                    found.append(f"{path.relative_to(src)}:{node.lineno} defines {name} again "
+                                 f"(first at line {seen[name]})")
+                seen.setdefault(name, node.lineno)
+    return found
+
+
+def contract_redefinitions(src: Path = SRC) -> list[str]:
+    """Modules that assign a contract constant themselves instead of importing the one definition."""
+    where: dict[str, list[str]] = {}
+    for module, path in _modules(src).items():
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in CONTRACT_CONSTANTS:
+                    where.setdefault(target.id, []).append(f"{path.relative_to(src)}:{node.lineno}")
+    return [f"{name} is defined in {len(places)} modules ({', '.join(places)}); define it once and import it"
+            for name, places in sorted(where.items()) if len(places) > 1]
+
+
+def test_no_module_defines_a_name_twice():
+    assert duplicate_definitions() == []
+
+
+def test_the_checkers_see_a_file_circle_a_shadowed_definition_and_a_second_constant(tmp_path):
+    src = _fake_tree(tmp_path, {"data/a.py": "from trainwise.data import b\nIGNORE_INDEX = -100\n",
+                                "data/b.py": "def f():\n    from trainwise.data.a import g\n",
+                                "data/c.py": "IGNORE_INDEX = -100\ndef h():\n    pass\ndef h():\n    pass\n"})
+    assert file_circles(src) == [["trainwise.data.a", "trainwise.data.b"]]
+    assert duplicate_definitions(src) == ["trainwise/data/c.py:4 defines h again (first at line 2)"]
+    [problem] = contract_redefinitions(src)
+    assert "IGNORE_INDEX is defined in 2 modules" in problem
