@@ -84,11 +84,18 @@ def prepare(
 
     chosen = locals()
     options = PrepareOptions(**{field.name: chosen[field.name] for field in dataclasses.fields(PrepareOptions)})
-    with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task_id = bar.add_task("prepare", total=None)
-        result = run_prepare(source, to, options, workers=workers, force=force,
-                             progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    try:
+        with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                      transient=True) as bar:
+            task_id = bar.add_task("prepare", total=None)
+            result = run_prepare(source, to, options, workers=workers, force=force,
+                                 progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    except KeyboardInterrupt:
+        console.print(f"interrupted: {to} is as it was before this prepare (the new dataset is swapped in only "
+                      "when complete). Run the same command again to resume: finished shards are kept beside it "
+                      "(text is tokenised again). Add --force to start over.", soft_wrap=True, highlight=False,
+                      markup=False)
+        raise typer.Exit(130) from None
     _print_result(result, to)
 
 
