@@ -309,3 +309,41 @@ def test_the_chat_template_marker_goes_when_a_chat_folder_is_re_prepared_as_text
     manifest = json.loads((out / MANIFEST).read_text())
     assert "instruct" not in manifest and not (out / "tokenizer" / CHOICE_FILE).exists()
     assert set(tree(out)) == set(manifest[WRITTEN]) and verify(out) == []
+
+
+# ---- only what prepare wrote is ever deleted ---------------------------------------------------------
+
+def test_a_file_put_into_the_dataset_during_a_prepare_is_kept_aside(tmp_path):
+    photos = make_image_folder(tmp_path / "photos")
+    out = tmp_path / "out"
+    prepare(photos, out, PrepareOptions(size="8"), workers=1)
+
+    def user_saves_a_file(done, total):
+        if done == 2:
+            (out / "val" / "draft.txt").write_text("written meanwhile")
+
+    result = prepare(photos, out, IMAGES, workers=1, progress=user_saves_a_file)
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("out.kept-")]
+    assert len(kept) == 1 and tree(kept[0]) == {"val/draft.txt": hashlib.sha256(b"written meanwhile").hexdigest()}
+    assert any("val/draft.txt appeared in" in w and str(kept[0]) in w for w in result.warnings)
+    assert verify(out) == [] and set(tree(out)) == set(result.manifest[WRITTEN])
+
+
+def test_a_dataset_of_an_older_trainwise_without_a_written_list_is_replaced_cleanly(good_text, tmp_path):
+    from trainwise.data.shards import read_manifest, write_manifest
+
+    manifest = read_manifest(good_text)
+    manifest.pop(WRITTEN)
+    write_manifest(good_text, manifest)  # as trainwise wrote it before `written`: shards, side files, tokenizer/
+    result = prepare_corpus(corpus(tmp_path / "other", word="river"), good_text, PrepareOptions(train_tokenizer=300))
+    assert result.manifest["tokenizer"]["kind"] == "bpe" and verify(good_text) == []
+    assert set(tree(good_text)) == set(result.manifest[WRITTEN])
+    nothing_beside(good_text)
+
+
+def test_the_current_directory_is_never_replaced(good_text, tmp_path, monkeypatch):
+    before = tree(good_text)
+    monkeypatch.chdir(good_text / "train")
+    with pytest.raises(DataError, match="holds the current directory"):
+        prepare_corpus(corpus(tmp_path / "other", word="river"), good_text)
+    assert tree(good_text) == before

@@ -51,6 +51,13 @@ def check_destination(to: Path, source: Path) -> None:
                         "another folder.")
     if source.is_dir() and place.is_relative_to(origin):
         raise DataError(f"--to {to} is inside the source {source}; it would be read as data. Pick another place.")
+    if Path.cwd().resolve().is_relative_to(place):
+        raise DataError(f"--to {to} holds the current directory: prepare replaces that whole folder. Nothing was "
+                        "touched. Run it from another directory, or prepare into a folder of its own.")
+    if to.is_dir() and os.path.ismount(place):
+        raise DataError(f"--to {to} is a mount point: prepare builds the new dataset beside it and swaps the two "
+                        f"folders, which cannot cross filesystems. Nothing was touched. Give a folder inside it, "
+                        f"e.g. {to / 'dataset'}.")
     if not to.is_dir() or not any(to.iterdir()):
         return
     own = own_files(to)
@@ -93,8 +100,13 @@ def own_files(directory: Path) -> set[str] | None:
 @contextmanager
 def writing(to: Path) -> Iterator[None]:
     """Hold `to`'s lock while prepare writes it (refused, naming the holder, when another process does)."""
-    to.parent.mkdir(parents=True, exist_ok=True)
-    key, _ = run_lock.acquire(lock_file(to), to, refuse=_busy)
+    try:
+        to.parent.mkdir(parents=True, exist_ok=True)
+        key, _ = run_lock.acquire(lock_file(to), to, refuse=_busy)
+    except OSError as error:
+        raise DataError(f"--to {to}: cannot write in {to.parent} ({error.strerror}). prepare builds the new dataset "
+                        "beside --to and swaps it in, so it needs to write there; give a folder you can write "
+                        "in.") from None
     try:
         _finish_a_cut_swap(to)
         yield
