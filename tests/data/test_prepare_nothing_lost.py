@@ -276,6 +276,17 @@ def test_a_second_prepare_while_one_writes_is_refused_naming_the_holder(good_tex
     assert prepare_corpus(corpus(tmp_path / "other", word="river"), good_text).status == "prepared"
 
 
+def test_a_shared_cache_waits_for_the_prepare_writing_it(good_text, tmp_path):
+    import threading
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(good_text)], env={**os.environ, "PYTHONPATH": SRC},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    threading.Timer(1.5, lambda: holder.stdin.close()).start()  # the other prepare finishes a moment later
+    result = prepare_corpus(tmp_path / "corpus", good_text, wait_s=60)  # what text/data.py's pydoc cache does
+    assert result.status == "up-to-date" and holder.wait(timeout=30) == 0
+
+
 @pytest.mark.slow
 def test_two_prepares_at_once_never_mix_their_files(tmp_path):
     photos = make_image_folder(tmp_path / "photos", per_class=30)

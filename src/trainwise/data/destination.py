@@ -98,11 +98,12 @@ def own_files(directory: Path) -> set[str] | None:
 
 
 @contextmanager
-def writing(to: Path) -> Iterator[None]:
-    """Hold `to`'s lock while prepare writes it (refused, naming the holder, when another process does)."""
+def writing(to: Path, wait_s: float | None = None) -> Iterator[None]:
+    """Hold `to`'s lock while prepare writes it; refused, naming the holder, when another process still holds
+    it after `wait_s` seconds (default: a moment)."""
     try:
         to.parent.mkdir(parents=True, exist_ok=True)
-        key, _ = run_lock.acquire(lock_file(to), to, refuse=_busy)
+        key, _ = run_lock.acquire(lock_file(to), to, _busy, wait_s)
     except OSError as error:
         raise DataError(f"--to {to}: cannot write in {to.parent} ({error.strerror}). prepare builds the new dataset "
                         "beside --to and swaps it in, so it needs to write there; give a folder you can write "

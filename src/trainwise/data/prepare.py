@@ -50,9 +50,11 @@ class PrepareResult:
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
             workers: int | None = None, force: bool = False, progress: Progress | None = None,
-            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None) -> PrepareResult:
+            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None,
+            wait_s: float | None = None) -> PrepareResult:
     """Prepare `source` into `to`; see the module docstring for caching and resume, destination.py for how
-    `to` is replaced (never written in place)."""
+    `to` is replaced (never written in place). `wait_s`: how long to wait for another prepare into `to` to
+    finish before refusing (default: a moment; a shared cache waits, then finds it up to date)."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
     if not source.exists():
@@ -66,7 +68,7 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     fingerprint = source_fingerprint(source)
     check_destination(to, source)  # before anything is made, the lock file included
     place = to.resolve()  # a link to a dataset: the dataset is replaced, not the link
-    with writing(place):
+    with writing(place, wait_s):
         check_destination(to, source)  # again, now that no other prepare can change it
         current = None if force else _up_to_date(place, fingerprint, recorded)
         if current is not None:

@@ -63,10 +63,10 @@ _holds: dict[str, _Hold] = {}
 _guard = threading.Lock()
 
 
-def acquire(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception] | None = None
-            ) -> tuple[str, bool]:
+def acquire(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception] | None = None,
+            wait_s: float | None = None) -> tuple[str, bool]:
     """Hold the lock of `run` (its lock file is `lock_path`); raise `refuse(run, holder)` (default: RunInUseError)
-    when another process does.
+    when another process still holds it after `wait_s` seconds (default: a moment, for readers' brief probes).
 
     Returns (key, first): pass `key` to `release` once per `acquire`; `first` is True when this process did
     not hold the lock before (then nothing of this process is mid-write in the run).
@@ -76,7 +76,7 @@ def acquire(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Excepti
         hold = _holds.get(key)
         first = hold is None
         if hold is None:
-            hold = _holds[key] = _take(lock_path, run, refuse or in_use)
+            hold = _holds[key] = _take(lock_path, run, refuse or in_use, _GRACE_S if wait_s is None else wait_s)
         hold.users += 1
     return key, first
 
@@ -163,11 +163,11 @@ def liveness_note(run: Path, writer: Holder | None, steps: int | None = None, ma
     return f"{killed} or crashed. Continue it from its last checkpoint with `trainwise resume {run}`."
 
 
-def _take(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception]) -> _Hold:
+def _take(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception], wait_s: float) -> _Hold:
     me = Holder(os.getpid(), socket.gethostname(), time.time())
     if fcntl is None:
         return _Hold(-1, me)
-    deadline = time.monotonic() + _GRACE_S
+    deadline = time.monotonic() + wait_s
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
