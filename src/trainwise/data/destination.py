@@ -133,6 +133,18 @@ def open_staging(to: Path, fingerprint: str, recorded: dict[str, Any], *, fresh:
     return staging
 
 
+def abandon(staging: Path) -> int:
+    """After a failed or interrupted build: the staging folder is removed unless its journal records finished
+    shards a rerun can resume from. Returns how many it keeps."""
+    try:
+        finished = len((staging / PROGRESS).read_text().splitlines()) - 1  # after the header line
+    except OSError:
+        finished = 0
+    if finished <= 0:
+        _remove(staging)
+    return max(finished, 0)
+
+
 def seal(staging: Path, manifest: dict[str, Any]) -> None:
     """Make the staging folder a complete dataset: temporary files of killed writes removed, the manifest
     written with every file in it listed as prepare's own, then the journal removed."""

@@ -23,12 +23,11 @@ import numpy as np
 
 from trainwise.data import images as image_kind
 from trainwise.data import interactions as interaction_kind
-from trainwise.data.loader import usable_cores
 from trainwise.data import tables as table_kind
 from trainwise.data.prepare_job import PrepareJob, Progress, shard_size, split_counts, write_arrays
 from trainwise.data.splits import empty_split_warnings, split_codes
 from trainwise.data.table_files import read_columns, read_table
-from trainwise.data.destination import check_destination, open_staging, seal, swap_in, writing
+from trainwise.data.destination import abandon, check_destination, open_staging, seal, swap_in, writing
 from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, SPLITS, UncheckedManifestWarning,
                                    read_manifest, shard_header_problems, write_manifest, write_shard)
 from trainwise.data.prepare_options import PrepareOptions
@@ -75,7 +74,7 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
             said = current.get("messages") or {}
             return PrepareResult(to, "up-to-date", current, warnings=list(said.get("warnings", [])),
                                  notes=list(said.get("notes", [])))
-        warnings = disk_warnings(place)
+        warnings = disk_warnings(to)
         staging = open_staging(place, fingerprint, recorded, fresh=force)
         job = PrepareJob(staging, source, options, fingerprint, recorded, workers or default_workers(), progress)
         manifest = _build(job, kind, text_builder, to)
@@ -94,9 +93,12 @@ def _build(job: PrepareJob, kind: str, text_builder: Callable | None, to: Path) 
              "text": lambda job: text_builder(job.to, job.source, job.options)}[kind]
     try:
         manifest = build(job)
-    except TrainwiseError as error:  # bad data found mid-way: say that nothing of the user's was harmed
-        error.add_note(f"{to} was not changed by this prepare. Fix the problem and run it again (the finished "
-                       "shards are kept beside it, in a staging folder, for a rerun of the same job).")
+    except BaseException as error:  # bad data, a bug, Ctrl-C: `to` is untouched; keep what a rerun can resume
+        kept = abandon(job.to)
+        if isinstance(error, TrainwiseError):
+            error.add_note(f"{to} was not changed by this prepare. Fix the problem and run it again"
+                           + (f"; the {kept} finished shards kept beside it are reused if the source and options "
+                              "are the same." if kept else "."))
         raise
     said = {"notes": job.notes, "warnings": job.warnings + empty_split_warnings(manifest["splits"], job.options)}
     manifest.update(kind=kind, source={"path": str(job.source.resolve()), "fingerprint": job.fingerprint},
@@ -170,6 +172,8 @@ def source_fingerprint(source: Path) -> str:
 
 
 def default_workers() -> int:
+    from trainwise.data.loader import usable_cores  # the loader imports torch; preparing data needs none
+
     return usable_cores()
 
 
