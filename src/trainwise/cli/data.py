@@ -70,9 +70,11 @@ def prepare(
     template: Optional[str] = typer.Option(None, help="Chat data: chatml | llama3 | plain (default: the tokenizer's)."),
     too_long: str = typer.Option("truncate", help="Chat data over --seq-len: truncate the prompt, or drop."),
     mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Chat data: loss on answers only."),
-    force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
+    force: bool = typer.Option(False, help="Prepare again even when DIR is up to date, and start an interrupted "
+                               "prepare over instead of resuming it."),
 ) -> None:
-    """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
+    """Turn raw images, a table, an interaction log or text into checksummed, memory-mappable shards. The new
+    dataset is built beside DIR and swapped in when complete: DIR stays usable until then."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trainwise.data.prepare import PrepareOptions, prepare as run_prepare

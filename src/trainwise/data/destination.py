@@ -160,7 +160,9 @@ def swap_in(staging: Path, to: Path) -> list[str]:
     """Put the sealed staging folder at `to`; the old dataset's own files are deleted after. Returns what to
     tell the user (files that appeared in `to` meanwhile, kept aside)."""
     if not to.exists() or (to.is_dir() and not any(to.iterdir())):
-        os.rename(staging, to)  # onto nothing, or onto an empty folder (POSIX replaces it)
+        if to.exists():
+            to.rmdir()  # an empty folder (POSIX would rename over it; Windows would not)
+        os.rename(staging, to)
         fsync_dir(to.parent)
         return []
     own = own_files(to) or set()
