@@ -361,3 +361,14 @@ def test_the_current_directory_is_never_replaced(good_text, tmp_path, monkeypatc
     with pytest.raises(DataError, match="holds the current directory"):
         prepare_corpus(corpus(tmp_path / "other", word="river"), good_text)
     assert tree(good_text) == before
+
+
+def test_what_an_older_trainwise_left_of_an_interrupted_prepare_is_named_not_deleted(tmp_path):
+    old = tmp_path / "old"
+    (old / "tokenizer").mkdir(parents=True)
+    (old / "tokenizer" / "trainwise_tokenizer.json").write_text("{}")
+    (old / PROGRESS).write_text('{"fingerprint": "f", "options": {}}\n')  # the journal lived inside --to then
+    before = tree(old)
+    with pytest.raises(DataError, match=r"older trainwise left of an interrupted prepare.*delete the folder yourself"):
+        prepare_corpus(corpus(tmp_path / "c"), old)
+    assert tree(old) == before

@@ -67,8 +67,10 @@ def check_destination(to: Path, source: Path) -> None:
             raise DataError(f"--to {to}: its {MANIFEST} was not written by trainwise (no `format: {FORMAT}`), so "
                             f"the directory is not empty and is not a prepared dataset (it holds {holds}); refusing "
                             "to write into it. Nothing was touched. Give an empty or new directory.")
+        older = (" Its .progress.jsonl says it is what an older trainwise left of an interrupted prepare: if so, "
+                 "delete the folder yourself and prepare again." if (to / PROGRESS).is_file() else "")
         raise DataError(f"--to {to}: the directory is not empty and is not a prepared dataset (it holds {holds}); "
-                        "refusing to write into it. Nothing was touched. Give an empty or new directory.")
+                        f"refusing to write into it. Nothing was touched. Give an empty or new directory.{older}")
     foreign = sorted(_entries(to) - own)
     if foreign:
         raise DataError(f"--to {to} is a prepared dataset, but it also holds {_listed(foreign)}, which trainwise "
