@@ -10,7 +10,7 @@ import pytest
 import trainwise.data
 from trainwise.data.images import decode_image
 from trainwise.data.prepare import PrepareOptions, prepare
-from trainwise.data.shards import MANIFEST, PROGRESS, verify
+from trainwise.data.shards import MANIFEST, PROGRESS, staging_dir, verify
 from trainwise.errors import DataError
 
 OPTIONS = PrepareOptions(size="16x12", shard_size=5, val_fraction=0.2, test_fraction=0.2)
@@ -81,8 +81,8 @@ def test_interrupted_prepare_resumes_and_matches_a_fresh_one(image_folder, tmp_p
 
     with pytest.raises(KeyboardInterrupt):
         prepare(image_folder, out, OPTIONS, workers=1, progress=interrupt_after_three)
-    assert not (out / MANIFEST).exists() and (out / PROGRESS).exists()
-    assert not list(out.rglob("*.tmp")), "no half-written shard left behind"
+    assert not (out / MANIFEST).exists() and (staging_dir(out) / PROGRESS).exists()  # the journal is staged
+    assert not list(staging_dir(out).rglob("*.tmp")), "no half-written shard left behind"
     with pytest.raises(DataError, match="did not finish"):
         trainwise.data.open(out, "train")
 
@@ -92,7 +92,7 @@ def test_interrupted_prepare_resumes_and_matches_a_fresh_one(image_folder, tmp_p
     assert resumed.written_shards == sum(len(s["shards"]) for s in fresh.manifest["splits"].values()) - 3
     for split in ("train", "val", "test"):
         assert resumed.manifest["splits"][split]["shards"] == fresh.manifest["splits"][split]["shards"]
-    assert not (out / PROGRESS).exists() and verify(out) == []
+    assert not (out / PROGRESS).exists() and not staging_dir(out).exists() and verify(out) == []
 
 
 def test_verify_names_a_flipped_byte_and_a_truncated_shard(image_folder, tmp_path):
@@ -171,7 +171,7 @@ def test_a_journal_line_torn_by_a_kill_costs_only_that_shard(image_folder, tmp_p
 
     with pytest.raises(KeyboardInterrupt):
         prepare(image_folder, out, OPTIONS, workers=1, progress=interrupt_after_four)
-    journal = out / PROGRESS
+    journal = staging_dir(out) / PROGRESS
     text = journal.read_text()
     journal.write_text(text[:-40])  # the last record cut mid-line, as a kill during the write leaves it
     resumed = prepare(image_folder, out, OPTIONS, workers=1)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from trainwise.data.prepare import PrepareOptions, prepare
-from trainwise.data.shards import PROGRESS, verify
+from trainwise.data.shards import PROGRESS, staging_dir, verify
 
 from .conftest import make_image_folder
 
@@ -24,7 +24,7 @@ def test_sigkill_mid_prepare_then_rerun_resumes(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", script, str(source), str(out)])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        journal = out / PROGRESS
+        journal = staging_dir(out) / PROGRESS  # the journal lives in the staging folder beside out
         if journal.exists() and len(journal.read_text().splitlines()) > 20:
             break
         time.sleep(0.02)
@@ -39,3 +39,4 @@ def test_sigkill_mid_prepare_then_rerun_resumes(tmp_path):
     shards = sum(len(split["shards"]) for split in result.manifest["splits"].values())
     assert result.reused_shards + result.written_shards == shards == 122  # 120 images + 2 broken files
     assert verify(out) == [] and not list(out.rglob("*.tmp")) and not (out / PROGRESS).exists()
+    assert not staging_dir(out).exists()

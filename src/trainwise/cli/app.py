@@ -342,7 +342,8 @@ def main() -> None:
         code = app(standalone_mode=False)  # a typer.Exit(code) comes back as its code here
     except TrainwiseError as error:
         if error.exit_code != 2 or _speaks_for_the_job():  # bad input is the same on every rank: said once
-            message = Text("error: ", style="bold red") + Text(str(error))
+            said = "\n".join([str(error), *getattr(error, "__notes__", [])])  # a room's add_note: what was kept
+            message = Text("error: ", style="bold red") + Text(said)
             Console(stderr=True, soft_wrap=True).print(message, highlight=False)
         sys.exit(error.exit_code)
     except typer.Abort:

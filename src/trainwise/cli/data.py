@@ -70,9 +70,11 @@ def prepare(
     template: Optional[str] = typer.Option(None, help="Chat data: chatml | llama3 | plain (default: the tokenizer's)."),
     too_long: str = typer.Option("truncate", help="Chat data over --seq-len: truncate the prompt, or drop."),
     mask_prompt: bool = typer.Option(True, "--mask-prompt/--no-mask-prompt", help="Chat data: loss on answers only."),
-    force: bool = typer.Option(False, help="Prepare again even when DIR is up to date."),
+    force: bool = typer.Option(False, help="Prepare again even when DIR is up to date, and start an interrupted "
+                               "prepare over instead of resuming it."),
 ) -> None:
-    """Turn raw images, a table or an interaction log into checksummed, memory-mappable shards."""
+    """Turn raw images, a table, an interaction log or text into checksummed, memory-mappable shards. The new
+    dataset is built beside DIR and swapped in when complete: DIR stays usable until then."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trainwise.data.prepare import PrepareOptions, prepare as run_prepare
@@ -84,11 +86,18 @@ def prepare(
 
     chosen = locals()
     options = PrepareOptions(**{field.name: chosen[field.name] for field in dataclasses.fields(PrepareOptions)})
-    with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task_id = bar.add_task("prepare", total=None)
-        result = run_prepare(source, to, options, workers=workers, force=force,
-                             progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    try:
+        with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                      transient=True) as bar:
+            task_id = bar.add_task("prepare", total=None)
+            result = run_prepare(source, to, options, workers=workers, force=force,
+                                 progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    except KeyboardInterrupt:
+        console.print(f"interrupted: {to} is as it was before this prepare (the new dataset is swapped in only "
+                      "when complete). Run the same command again to resume: finished shards are kept beside it "
+                      "(text is tokenised again). Add --force to start over.", soft_wrap=True, highlight=False,
+                      markup=False)
+        raise typer.Exit(130) from None
     _print_result(result, to)
 
 

@@ -2,9 +2,11 @@
 memory-mappable dataset (see shards.py for the layout). Text is tokenised by the text room, which hands its
 builder in (`text_builder`: text/prepare.py's prepare_corpus), so this module needs no tokenizer.
 
-The job is a list of shards fixed by the source and the options. Each finished shard is recorded in a
-progress journal, so a rerun after an interruption redoes only what is missing; a rerun whose source and
-options match the manifest does nothing. The source fingerprint is its files' names, sizes and
+The job is a list of shards fixed by the source and the options, written into a staging folder beside DIR
+and swapped in when complete (destination.py), so DIR holds the previous dataset until then. Each finished
+shard is recorded in a progress journal there, so a rerun after an interruption redoes only what is missing
+(text is tokenised in one pass and redone whole); a rerun whose source and options match the manifest does
+nothing. The source fingerprint is its files' names, sizes and
 modification times (cheap on millions of files; touching a file counts as a change).
 """
 from __future__ import annotations
@@ -21,16 +23,15 @@ import numpy as np
 
 from trainwise.data import images as image_kind
 from trainwise.data import interactions as interaction_kind
-from trainwise.data.loader import usable_cores
 from trainwise.data import tables as table_kind
 from trainwise.data.prepare_job import PrepareJob, Progress, shard_size, split_counts, write_arrays
 from trainwise.data.splits import empty_split_warnings, split_codes
 from trainwise.data.table_files import read_columns, read_table
-from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, PROGRESS, SPLITS,
-                                   UncheckedManifestWarning, read_manifest, shard_header_problems, write_manifest,
-                                   write_shard)
+from trainwise.data.destination import abandon, check_destination, open_staging, seal, swap_in, writing
+from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, SPLITS, UncheckedManifestWarning,
+                                   read_manifest, shard_header_problems, write_manifest, write_shard)
 from trainwise.data.prepare_options import PrepareOptions
-from trainwise.errors import DataError
+from trainwise.errors import DataError, TrainwiseError
 
 SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
 
@@ -48,46 +49,74 @@ class PrepareResult:
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
             workers: int | None = None, force: bool = False, progress: Progress | None = None,
-            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None) -> PrepareResult:
-    """Prepare `source` into `to`; see the module docstring for caching and resume."""
+            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None,
+            wait_s: float | None = None) -> PrepareResult:
+    """Prepare `source` into `to`; see the module docstring for caching and resume, destination.py for how
+    `to` is replaced (never written in place). `wait_s`: how long to wait for another prepare into `to` to
+    finish before refusing (default: a moment; a shared cache waits, then finds it up to date)."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
     if not source.exists():
         raise DataError(f"{source}: no such file or directory.")
     kind = detect_kind(source, options.kind, options.encoding)
+    options.check_kind(kind)
+    if kind == "text" and text_builder is None:  # text: (to, source, options) -> the manifest's fields
+        raise DataError(f"{source}: text is prepared by trainwise.text.prepare.prepare_corpus, which tokenises it.")
     options = PrepareOptions(**{**asdict(options), "kind": kind})
     recorded = {**asdict(options), "format_version": FORMAT_VERSION}
     fingerprint = source_fingerprint(source)
-    _check_destination(to, source)
-    if (to / MANIFEST).is_file() and not force:
-        manifest = _intact_manifest(to)
-        if manifest.get("source", {}).get("fingerprint") == fingerprint and same_options(manifest.get("options"),
-                                                                                        recorded):
-            if CHECKSUM not in manifest:  # written by an older trainwise, its shards check out: add one
-                write_manifest(to, manifest)
-            manifest = read_manifest(to)
-            said = manifest.get("messages") or {}
-            return PrepareResult(to, "up-to-date", manifest, warnings=list(said.get("warnings", [])),
+    check_destination(to, source)  # before anything is made, the lock file included
+    place = to.resolve()  # a link to a dataset: the dataset is replaced, not the link
+    with writing(place, wait_s):
+        check_destination(to, source)  # again, now that no other prepare can change it
+        current = None if force else _up_to_date(place, fingerprint, recorded)
+        if current is not None:
+            said = current.get("messages") or {}
+            return PrepareResult(to, "up-to-date", current, warnings=list(said.get("warnings", [])),
                                  notes=list(said.get("notes", [])))
-    warnings = disk_warnings(to)
-    if force:
-        (to / PROGRESS).unlink(missing_ok=True)
-    (to / MANIFEST).unlink(missing_ok=True)  # from here on DIR is "in progress", never a stale dataset
-    if kind == "text" and text_builder is None:  # text: (to, source, options) -> the manifest's fields
-        raise DataError(f"{source}: text is prepared by trainwise.text.prepare.prepare_corpus, which tokenises it.")
+        warnings = disk_warnings(to)
+        staging = open_staging(place, fingerprint, recorded, fresh=force)
+        job = PrepareJob(staging, source, options, fingerprint, recorded, workers or default_workers(), progress)
+        manifest = _build(job, kind, text_builder, to)
+        _remove_stale_files(staging, manifest)
+        seal(staging, manifest)
+        kept = swap_in(staging, place)
+    said = manifest["messages"]
+    status = "resumed" if job.reused else "prepared"
+    return PrepareResult(to, status, read_manifest(to), job.reused, job.written,
+                         warnings + said["warnings"] + kept, said["notes"])
+
+
+def _build(job: PrepareJob, kind: str, text_builder: Callable | None, to: Path) -> dict[str, Any]:
+    """The new dataset's manifest, its files written into the staging folder `job.to`."""
     build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
              "text": lambda job: text_builder(job.to, job.source, job.options)}[kind]
-    job = PrepareJob(to, source, options, fingerprint, recorded, workers or default_workers(), progress)
-    manifest = build(job)
-    said = {"notes": job.notes, "warnings": job.warnings + empty_split_warnings(manifest["splits"], options)}
-    manifest.update(kind=kind, source={"path": str(source.resolve()), "fingerprint": fingerprint},
-                    options=recorded, messages=said)
-    write_manifest(to, manifest)
-    (to / PROGRESS).unlink(missing_ok=True)
-    _remove_stale_files(to, read_manifest(to))
-    status = "resumed" if job.reused else "prepared"
-    return PrepareResult(to, status, read_manifest(to), job.reused, job.written, warnings + said["warnings"],
-                         said["notes"])
+    try:
+        manifest = build(job)
+    except BaseException as error:  # bad data, a bug, Ctrl-C: `to` is untouched; keep what a rerun can resume
+        kept = abandon(job.to)
+        if isinstance(error, TrainwiseError):
+            error.add_note(f"{to} was not changed by this prepare. Fix the problem and run it again"
+                           + (f"; the {kept} finished shards kept beside it are reused if the source and options "
+                              "are the same." if kept else "."))
+        raise
+    said = {"notes": job.notes, "warnings": job.warnings + empty_split_warnings(manifest["splits"], job.options)}
+    manifest.update(kind=kind, source={"path": str(job.source.resolve()), "fingerprint": job.fingerprint},
+                    options=job.recorded, messages=said)
+    return manifest
+
+
+def _up_to_date(to: Path, fingerprint: str, recorded: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of `to` when it is intact and was prepared from this source with these options."""
+    if not (to / MANIFEST).is_file():
+        return None
+    manifest = _intact_manifest(to)
+    if manifest.get("source", {}).get("fingerprint") != fingerprint or not same_options(manifest.get("options"),
+                                                                                       recorded):
+        return None
+    if CHECKSUM not in manifest:  # written by an older trainwise, its shards check out: add one
+        write_manifest(to, manifest)
+    return read_manifest(to)
 
 
 def same_options(old: Any, new: dict[str, Any]) -> bool:
@@ -143,6 +172,8 @@ def source_fingerprint(source: Path) -> str:
 
 
 def default_workers() -> int:
+    from trainwise.data.loader import usable_cores  # the loader imports torch; preparing data needs none
+
     return usable_cores()
 
 
@@ -170,18 +201,8 @@ def check_free_space(to: Path, needed_bytes: int) -> None:
                         "prepare onto a bigger disk with --to.")
 
 
-def _check_destination(to: Path, source: Path) -> None:
-    if to.exists() and not to.is_dir():
-        raise DataError(f"--to {to}: exists and is not a directory.")
-    if source.is_dir() and to.resolve().is_relative_to(source.resolve()):
-        raise DataError(f"--to {to} is inside the source {source}; it would be read as data. Pick another place.")
-    if to.is_dir() and any(to.iterdir()) and not ((to / MANIFEST).exists() or (to / PROGRESS).exists()):
-        raise DataError(f"--to {to}: the directory is not empty and is not a prepared dataset; refusing to write "
-                        "into it. Give an empty or new directory.")
-
-
 def _remove_stale_files(to: Path, manifest: dict[str, Any]) -> None:
-    """Shards left from an earlier preparation with other options (or temp files of a killed run)."""
+    """Shards an interrupted run of this job left in the staging folder that the finished job does not use."""
     from trainwise.data.shards import iter_files
 
     keep = {entry["file"] for entry in iter_files(manifest)}

@@ -3,6 +3,8 @@ process pool (images) or in this process (in-memory arrays), each finished shard
 journal so that a rerun after an interruption redoes only what is missing."""
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -11,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainwise.data.shards import SPLITS, ProgressJournal, write_shard
+from trainwise.data.shards import PROGRESS, SPLITS, write_shard
+from trainwise.rundir.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from trainwise.data.prepare import PrepareOptions
@@ -109,3 +112,68 @@ def write_arrays(job: PrepareJob, codes: np.ndarray, arrays: dict[str, np.ndarra
     done = job.run_shards(tasks, run)
     schema = {name: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for name, a in arrays.items()}
     return {"schema": schema, "splits": split_counts(done)}
+
+
+# ---- progress journal (resume) ------------------------------------------------------------------------
+
+class ProgressJournal:
+    """`.progress.jsonl`: one JSON line per finished shard, after a header naming the job.
+
+    Append-only (a line and an fsync per shard), so it costs the same at shard 10 and shard 10,000; a line
+    torn by a kill is ignored, and that shard is simply redone.
+    """
+
+    def __init__(self, directory: Path, fingerprint: str, options: dict[str, Any]):
+        self.path = directory / PROGRESS
+        self.header = {"fingerprint": fingerprint, "options": options}
+
+    def finished(self) -> dict[str, dict[str, Any]]:
+        """Shards of an earlier run of the same job whose files are all still there at their recorded size;
+        a journal of another job is replaced by a fresh one."""
+        entries = self._read()
+        if entries is None:
+            self.start()
+            return {}
+        done = {}
+        for entry in entries:
+            files = entry["result"]["shard"]["files"].values()
+            if all((self.path.parent / f["file"]).is_file() and
+                   (self.path.parent / f["file"]).stat().st_size == f["bytes"] for f in files):
+                done[entry["key"]] = entry["result"]
+        return done
+
+    def of_this_job(self) -> bool:
+        """Whether a journal is there and was started by this job (same source fingerprint and options)."""
+        return self._read() is not None
+
+    def start(self) -> None:
+        """A fresh journal: the header alone."""
+        atomic_write_text(self.path, json.dumps(self.header) + "\n")
+
+    def record(self, key: str, result: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "result": result}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _read(self) -> list[dict[str, Any]] | None:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return None
+        lines = text.splitlines()
+        try:
+            if not lines or json.loads(lines[0]) != self.header:
+                return None
+        except json.JSONDecodeError:
+            return None
+        if not text.endswith("\n"):  # a line torn by a kill: end it, so the next record starts clean
+            with open(self.path, "a") as f:
+                f.write("\n")
+        entries = []
+        for line in lines[1:]:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the torn line; its shard is redone
+        return entries

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from trainwise.data import interactions as interaction_kind
@@ -67,3 +68,24 @@ class PrepareOptions:
         if self.chat_format not in ("auto", "alpaca", "sharegpt", "messages", "prompt-completion"):
             raise DataError(f"--format {self.chat_format!r}: use auto, alpaca, sharegpt, messages or "
                             "prompt-completion.")
+        self._check_text_options()
+
+    def _check_text_options(self) -> None:
+        if self.seq_len is not None and self.seq_len < 2:
+            raise DataError(f"--seq-len {self.seq_len}: a context holds at least 2 tokens (one read, one "
+                            "predicted); give the length you will train with (e.g. 512), or leave it out to have "
+                            "one suggested from the documents.")
+        if self.train_tokenizer is not None and self.tokenizer not in (None, "bytes"):
+            raise DataError("--tokenizer and --train-tokenizer are exclusive: train a BPE, or use a given one.")
+        if self.tokenizer not in (None, "bytes") and not Path(self.tokenizer).expanduser().exists():
+            raise DataError(f"--tokenizer {self.tokenizer}: no such directory. Give `bytes` (the default) or a "
+                            "local model or tokenizer directory (one holding tokenizer.json or "
+                            "tokenizer_config.json); nothing is downloaded.")
+
+    def check_kind(self, kind: str) -> None:
+        """What the detected kind of source makes invalid (checked before anything is written)."""
+        if kind == "text" and self.encoding is not None:
+            raise DataError(f"--encoding {self.encoding}: text and chat sources are read as UTF-8 (JSON and "
+                            "Parquet are UTF-8 by definition); --encoding is for tables and interaction logs. "
+                            f"Convert the files first, e.g. `iconv -f {self.encoding} -t utf-8 IN > OUT`, then "
+                            "prepare OUT.")

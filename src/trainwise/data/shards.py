@@ -2,11 +2,14 @@
 
 ```
 DIR/
-  manifest.json              written last: its presence means the dataset is complete
-  .progress.jsonl            while preparing: one line per finished shard, so an interrupted run resumes
+  manifest.json              written last: its presence means the dataset is complete; `format:
+                             trainwise-prepared` marks a folder trainwise made, `written` lists every file it put there
   train/inputs-00000.npy     one file per field per shard; every sample of a field has the same shape
   train/targets-00000.npy
   val/...  test/...
+.DIR.preparing/              beside DIR while `trainwise prepare` builds the next version (data/destination.py)
+  .progress.jsonl            one line per finished shard, so an interrupted run resumes
+.DIR.lock                    beside DIR while a prepare writes it: one writer at a time
 ```
 Each shard file is written atomically (temp file + fsync + rename) with its sha256 recorded, so a reader
 never sees half a shard and `trainwise data verify` can name one that was truncated or altered later. The
@@ -18,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -27,14 +29,25 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainwise.rundir.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from trainwise.rundir.atomic import atomic_write_bytes, atomic_write_json
 from trainwise.errors import DataError
 
 FORMAT = "trainwise-prepared"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROGRESS = ".progress.jsonl"
+WRITTEN = "written"  # the manifest field listing every file prepare wrote (the only files it ever deletes)
 SPLITS = ("train", "val", "test")
+
+
+def staging_dir(directory: Path) -> Path:
+    """Where `trainwise prepare` builds the dataset that replaces `directory` (beside it: same filesystem)."""
+    return directory.with_name(f".{directory.name}.preparing")
+
+
+def lock_file(directory: Path) -> Path:
+    """The lock a prepare into `directory` holds (beside it: the folder itself is swapped)."""
+    return directory.with_name(f".{directory.name}.lock")
 
 
 @dataclass(frozen=True)
@@ -213,8 +226,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        hint = (" A previous `trainwise prepare` into it did not finish; run it again to resume."
-                if (directory / PROGRESS).is_file() else " Create one with `trainwise prepare SOURCE --to DIR`.")
+        unfinished = (directory / PROGRESS).is_file() or (staging_dir(directory) / PROGRESS).is_file()
+        hint = (" A previous `trainwise prepare` into it did not finish; run the same command again to resume."
+                if unfinished else " Create one with `trainwise prepare SOURCE --to DIR`.")
         raise DataError(f"{directory}: not a prepared dataset (no {MANIFEST}).{hint}")
     try:
         manifest = json.loads(path.read_text())
@@ -309,63 +323,6 @@ def check_split_files(directory: Path, manifest: dict[str, Any], split: str) -> 
                         f"{_listed([f'{p.file}: {p.problem}' for p in problems])}\n"
                         f"Run `trainwise data verify {directory}`, and prepare the dataset again "
                         f"(`trainwise prepare SOURCE --to {directory} --force`).")
-
-
-# ---- progress journal (resume) ------------------------------------------------------------------------
-
-class ProgressJournal:
-    """`.progress.jsonl`: one JSON line per finished shard, after a header naming the job.
-
-    Append-only (a line and an fsync per shard), so it costs the same at shard 10 and shard 10,000; a line
-    torn by a kill is ignored, and that shard is simply redone.
-    """
-
-    def __init__(self, directory: Path, fingerprint: str, options: dict[str, Any]):
-        self.path = directory / PROGRESS
-        self.header = {"fingerprint": fingerprint, "options": options}
-
-    def finished(self) -> dict[str, dict[str, Any]]:
-        """Shards of an earlier run of the same job whose files are all still there at their recorded size;
-        a journal of another job is replaced by a fresh one."""
-        entries = self._read()
-        if entries is None:
-            atomic_write_text(self.path, json.dumps(self.header) + "\n")
-            return {}
-        done = {}
-        for entry in entries:
-            files = entry["result"]["shard"]["files"].values()
-            if all((self.path.parent / f["file"]).is_file() and
-                   (self.path.parent / f["file"]).stat().st_size == f["bytes"] for f in files):
-                done[entry["key"]] = entry["result"]
-        return done
-
-    def record(self, key: str, result: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"key": key, "result": result}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _read(self) -> list[dict[str, Any]] | None:
-        try:
-            text = self.path.read_text()
-        except OSError:
-            return None
-        lines = text.splitlines()
-        try:
-            if not lines or json.loads(lines[0]) != self.header:
-                return None
-        except json.JSONDecodeError:
-            return None
-        if not text.endswith("\n"):  # a line torn by a kill: end it, so the next record starts clean
-            with open(self.path, "a") as f:
-                f.write("\n")
-        entries = []
-        for line in lines[1:]:
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the torn line; its shard is redone
-        return entries
 
 
 # ---- verify -------------------------------------------------------------------------------------------

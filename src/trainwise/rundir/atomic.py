@@ -74,7 +74,7 @@ def atomic_write_digest(path: str | os.PathLike, write: Callable[[BinaryIO], Any
             raise DiskFullError(path.parent, shutil.disk_usage(path.parent).free, max(needed or 0, attempted),
                                 what or path.name, at_least=needed is None, advice=advice) from error
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return Written(path, hashing.sha256, hashing.size)
 
 
@@ -199,7 +199,7 @@ def atomic_write_directory(target: str | os.PathLike, write: Callable[[Path], An
         if target.exists():
             target.rename(old)
         tmp.rename(target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -229,7 +229,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some platforms cannot open directories

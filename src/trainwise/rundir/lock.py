@@ -8,7 +8,9 @@ tells them whether the run is still being written.
 
 One process holds one lock per file however many RunDir objects write the run: flock conflicts between two
 descriptors of the same process, and a process must not lock itself out (train, then resume, in one test).
-Only layout.py calls this module; it passes the lock file's path.
+layout.py calls this module for run directories, data/destination.py for `trainwise prepare`'s `--to` (whose
+lock file sits beside the dataset and is removed when released: a lock taken on a file that was removed or
+replaced meanwhile is taken again on the file now at the path, so removing it never lets two writers in).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +63,10 @@ _holds: dict[str, _Hold] = {}
 _guard = threading.Lock()
 
 
-def acquire(lock_path: Path, run: Path) -> tuple[str, bool]:
-    """Hold the lock of `run` (its lock file is `lock_path`); raise RunInUseError when another process does.
+def acquire(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception] | None = None,
+            wait_s: float | None = None) -> tuple[str, bool]:
+    """Hold the lock of `run` (its lock file is `lock_path`); raise `refuse(run, holder)` (default: RunInUseError)
+    when another process still holds it after `wait_s` seconds (default: a moment, for readers' brief probes).
 
     Returns (key, first): pass `key` to `release` once per `acquire`; `first` is True when this process did
     not hold the lock before (then nothing of this process is mid-write in the run).
@@ -72,13 +76,14 @@ def acquire(lock_path: Path, run: Path) -> tuple[str, bool]:
         hold = _holds.get(key)
         first = hold is None
         if hold is None:
-            hold = _holds[key] = _take(lock_path, run)
+            hold = _holds[key] = _take(lock_path, run, refuse or in_use, _GRACE_S if wait_s is None else wait_s)
         hold.users += 1
     return key, first
 
 
-def release(key: str) -> None:
-    """Give back one `acquire`; the lock goes when its last user gives it back (or the process ends)."""
+def release(key: str, *, remove: bool = False) -> None:
+    """Give back one `acquire`; the lock goes when its last user gives it back (or the process ends). With
+    `remove`, the last user deletes the lock file first (still holding it; see the module docstring)."""
     with _guard:
         hold = _holds.get(key)
         if hold is None:
@@ -86,6 +91,8 @@ def release(key: str) -> None:
         hold.users -= 1
         if hold.users <= 0:
             del _holds[key]
+            if remove:
+                Path(key).unlink(missing_ok=True)
             if hold.fd >= 0:
                 os.close(hold.fd)  # closing the descriptor drops the flock; the file stays for the next writer
 
@@ -156,17 +163,25 @@ def liveness_note(run: Path, writer: Holder | None, steps: int | None = None, ma
     return f"{killed} or crashed. Continue it from its last checkpoint with `trainwise resume {run}`."
 
 
-def _take(lock_path: Path, run: Path) -> _Hold:
+def _take(lock_path: Path, run: Path, refuse: Callable[[Path, Holder], Exception], wait_s: float) -> _Hold:
     me = Holder(os.getpid(), socket.gethostname(), time.time())
     if fcntl is None:
         return _Hold(-1, me)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + _GRACE_S
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while not _try_lock(fd, fcntl.LOCK_EX):
+                if time.monotonic() >= deadline:
+                    raise refuse(run, _read_holder(fd))
+                time.sleep(0.05)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_at(fd, lock_path):
+            break
+        os.close(fd)  # its last holder removed (or replaced) the file: lock the one at the path now
     try:
-        while not _try_lock(fd, fcntl.LOCK_EX):
-            if time.monotonic() >= deadline:
-                raise in_use(run, _read_holder(fd))
-            time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": me.pid, "host": me.host, "since": me.since}).encode(), 0)
         os.fsync(fd)  # another host reads it over NFS
@@ -174,6 +189,14 @@ def _take(lock_path: Path, run: Path) -> _Hold:
         os.close(fd)
         raise
     return _Hold(fd, me)
+
+
+def _still_at(fd: int, lock_path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(lock_path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _try_lock(fd: int, kind: int) -> bool:

@@ -82,7 +82,8 @@ def pydoc_topics(*, seed: int, val_fraction: float, test_fraction: float, augmen
     options = PrepareOptions(kind="text", val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                              train_tokenizer=train_tokenizer, seq_len=seq_len)
     key = hashlib.sha256(repr((val_fraction, test_fraction, seed, train_tokenizer)).encode()).hexdigest()[:12]
-    prepared = prepare_corpus(source, cache_dir() / "pydoc_topics" / f"prepared-{key}", options)
+    prepared = prepare_corpus(source, cache_dir() / "pydoc_topics" / f"prepared-{key}", options,
+                              wait_s=600)  # runs (or test workers) started together share the cache: wait
     return text_bundle(prepared.directory, prepared.manifest, seq_len=seq_len)
 
 

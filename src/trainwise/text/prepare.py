@@ -18,7 +18,6 @@ import numpy as np
 from trainwise.data.shards import SPLITS
 from trainwise.errors import DataError
 from trainwise.text.corpus import Document, read_documents
-from trainwise.text.packing import length_report
 from trainwise.text.tokenizer import Tokenizer, resolve_tokenizer
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
 
@@ -54,6 +53,7 @@ def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str,
     """Write the token shards and tokenizer of `source` into `to`; the manifest's text-specific fields."""
     from trainwise.data.prepare import check_free_space
     from trainwise.data.splits import split_codes
+    from trainwise.text.packing import length_report  # imports torch: only when text is prepared
 
     names, chars, skipped = _survey(source, options.text_field)
     if not names:
