@@ -113,11 +113,24 @@ def labels_for(sample: Sample) -> list[int]:
     return [ids[t + 1] if trains[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)] + [IGNORE_INDEX]
 
 
+def _answers_empty(conversation: Conversation | list[dict[str, str]]) -> bool:
+    """Whether every answer that carries loss is blank (an empty `output`, `completion` or assistant message)."""
+    if not isinstance(conversation, Conversation):
+        return False
+    answers = [t.content for t in conversation.turns if t.trains]
+    return bool(answers) and not any(answer.strip() for answer in answers)
+
+
 def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, tokenizer: Any, *,
                max_tokens: int, too_long: TooLong = "truncate",
                mask_prompt: bool = True) -> tuple[list[Sample], EncodeStats]:
     samples, stats = [], EncodeStats()
     for conversation in conversations:
+        if _answers_empty(conversation):  # it would train only the end-of-answer marker: stop at once
+            stats.dropped_no_answer += 1
+            stats.problems.append(f"{conversation.source or 'a conversation'}: every answer is empty (blank), "
+                                  "nothing to learn; dropped")
+            continue
         try:
             sample = encode_conversation(conversation, template, tokenizer, mask_prompt=mask_prompt)
         except DataError as e:  # this row only (a template that refuses a system turn, say): named, skipped
@@ -136,7 +149,7 @@ def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, to
         stats.tokens += len(kept)
         stats.loss_tokens += sum(kept.trains[1:])
         samples.append(kept)
-    if not samples and stats.problems and not stats.lengths:
+    if not samples and stats.problems and not stats.lengths and not stats.dropped_no_answer:
         raise DataError(f"the chat template rendered no conversation; the first: {stats.problems[0]}")
     if not samples:
         raise DataError(f"no sample is left: {stats.dropped_too_long} longer than {max_tokens} tokens "
