@@ -65,11 +65,20 @@ def _jsonl_rows(path: Path, name: str) -> Iterator[tuple[str, object]]:
                 raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not part of the first row
             if not raw.strip():
                 continue  # blank lines between records are not rows
-            yield f"{name}:{number}", _parse(raw)
+            yield f"{name}:{number}", _repaired(_parse(raw), SURROGATE_ESCAPE.search(raw) is not None)
+
+
+def _repaired(row: object, escaped: bool) -> object:
+    """The row, or (row, count) with its lone surrogates replaced when it has any (`escaped`: the raw text
+    writes a surrogate; without one, nothing to look for)."""
+    if not escaped or isinstance(row, RowError):
+        return row
+    fixed, replaced = _without_lone_surrogates(row)
+    return (fixed, replaced) if replaced else row
 
 
 def _parse(raw: bytes) -> object:
-    """A row, a RowError, or (row, surrogates replaced) when lone surrogates had to be replaced."""
+    """A parsed row, or a RowError saying why it cannot be read."""
     try:
         row = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -81,10 +90,7 @@ def _parse(raw: bytes) -> object:
         return RowError("nested deeper than a JSON reader can follow (thousands of brackets): not a row")
     except ValueError as e:  # Python refuses integers of more than 4,300 digits (a denial-of-service guard)
         return RowError(f"holds a number too long to read ({str(e).split(';')[0]})")
-    if not SURROGATE_ESCAPE.search(raw):
-        return row
-    row, replaced = _without_lone_surrogates(row)
-    return (row, replaced) if replaced else row
+    return row
 
 
 def _without_lone_surrogates(value: object) -> tuple[object, int]:
@@ -119,15 +125,14 @@ def _json_rows(path: Path, name: str) -> Iterator[tuple[str, object]]:
             yield name, RowError(f"{document}; a .json file holds an array of rows, or write one JSON object a "
                                  "line (JSONL)")
         return
-    document, replaced = document if isinstance(document, tuple) else (document, 0)
     rows = _unwrap(document)
     if rows is None:
         yield name, RowError(f"a .json file must hold an array of row objects (or one object with a single list "
                              f"of them, like {{\"data\": [...]}}); this one holds {_describe(document)}")
         return
+    escaped = SURROGATE_ESCAPE.search(data) is not None
     for index, row in enumerate(rows):
-        fixed, count = _without_lone_surrogates(row) if replaced else (row, 0)
-        yield f"{name}[{index}]", (fixed, count) if count else row
+        yield f"{name}[{index}]", _repaired(row, escaped)
 
 
 def _unwrap(document: object) -> list | None:
