@@ -285,3 +285,107 @@ def test_adversarial_input(tmp_path, capsys, wide_terminal, make, verdict):
 def test_the_table_names_each_case_once():
     names = [name for name, *_ in CASES]
     assert len(names) == len(set(names))
+
+
+# ---- after prepare: the same pass at train, eval, generate and export --------------------------------------
+
+TINY = ["model.args.layers=1", "model.args.width=16", "model.args.heads=2", "train.max_steps=2",
+        "train.batch_size=4", "eval.every_steps=2", "schedule.warmup_steps=1", "telemetry.enabled=false",
+        "train.sanity=false", "train.device=cpu", "data.num_workers=0"]
+
+
+def tiny_hf_model(directory: Path, n_positions: int) -> Path:
+    """A GPT-2-style model (learned positions, `n_positions` of them) with its own BPE tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    from tests.text.sft_tokenizers import write_hf_tokenizer_dir
+
+    write_hf_tokenizer_dir(directory)
+    vocab = len(transformers.AutoTokenizer.from_pretrained(str(directory)))
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=n_positions, vocab_size=vocab)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    """A finished two-step gpt run on byte-level text, and the data it trained on."""
+    from trainwise.launch.runs import train_run
+    from trainwise.recipes import load_recipe
+
+    root = tmp_path_factory.mktemp("byte_run")
+    source = write(root, "d.jsonl", text_rows(20))
+    from trainwise.data.prepare import PrepareOptions
+    from trainwise.text.prepare import prepare_corpus
+
+    prepare_corpus(source, root / "data", PrepareOptions())
+    config = load_recipe("lm-gpt", [*TINY, "data.seq_len=32", f"data.path={root / 'data'}"])
+    return train_run(config, root / "run").path, source, root / "data"
+
+
+@pytest.mark.slow
+def test_data_re_prepared_with_another_tokenizer_is_named_as_such_at_eval(byte_run, capsys, wide_terminal):
+    run, source, data = byte_run
+    assert invoke(capsys, "prepare", str(source), "--to", str(data), "--train-tokenizer", "300").returncode == 0
+    result = invoke(capsys, "eval", str(run))
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert "was re-prepared with another tokenizer since this run trained" in said
+    assert "config.yaml edited" not in said
+
+
+@pytest.mark.slow
+def test_merge_on_a_run_without_an_adapter_says_so(byte_run, tmp_path, capsys):
+    result = invoke(capsys, "export", str(byte_run[0]), "--merge", "--to", str(tmp_path / "hf"))
+    assert result.returncode == 2 and "has no adapter to merge" in " ".join(result.stderr.split())
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_seq_len_above_the_models_context_is_refused_before_step_1(tmp_path, capsys, wide_terminal):
+    model = tiny_hf_model(tmp_path / "model", n_positions=32)
+    source = write(tmp_path, "d.jsonl", text_rows(20))
+    assert invoke(capsys, "prepare", str(source), "--to", str(tmp_path / "data"),
+                  "--tokenizer", str(model)).returncode == 0
+    result = invoke(capsys, "train", "lm-gpt", *TINY, f"model.hf={model}", f"data.path={tmp_path / 'data'}",
+                    "data.seq_len=64", "--out", str(tmp_path / "run"))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert "data.seq_len 64 is above the model's context of 32 positions" in said
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_seq_len_below_the_prepared_samples_warns_with_the_count_cut(tmp_path, capsys, wide_terminal):
+    rows = [json.dumps({"instruction": f"question {i} " + "with a long prompt " * 4, "output": f"answer {i}"})
+            for i in range(24)]
+    source = write(tmp_path, "chat.jsonl", rows)
+    assert invoke(capsys, "prepare", str(source), "--to", str(tmp_path / "data"), "--template", "chatml",
+                  "--seq-len", "512").returncode == 0
+    result = invoke(capsys, "train", "lm-gpt", *TINY, f"data.path={tmp_path / 'data'}", "data.seq_len=32",
+                    "--out", str(tmp_path / "run"), show_warnings=True)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, said
+    assert "data.seq_len 32 is below the length the instruction data was prepared for (512)" in said
+    train = TokenSplit(tmp_path / "data", "train")
+    longer = int((np.diff(train.offsets) > 32).sum())
+    assert longer and f"{longer} of {train.documents} training samples are longer and will be cut" in said
+
+
+def test_generate_past_a_gpt2_position_table_caps_the_new_tokens(tmp_path):
+    import torch
+    import transformers
+
+    from trainwise.errors import TrainwiseWarning
+    from trainwise.text.generate import Sampling, generate_ids
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=50)
+    model = transformers.GPT2LMHeadModel(config)
+    with pytest.warns(TrainwiseWarning, match="generation stops after 4 new tokens"):
+        out = generate_ids(model, list(range(12)), Sampling(max_tokens=40, temperature=0), eos_id=None,
+                           device=torch.device("cpu"))
+    assert len(out) == 4
+    with pytest.warns(TrainwiseWarning) as caught:
+        out = generate_ids(model, list(range(30)), Sampling(max_tokens=5, temperature=0), eos_id=None,
+                           device=torch.device("cpu"))
+    said = [str(w.message) for w in caught]
+    assert len(out) == 1 and any("its first 15 tokens are left out" in line for line in said)

@@ -48,15 +48,17 @@ class PrepareResult:
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
             workers: int | None = None, force: bool = False, progress: Progress | None = None,
-            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None) -> PrepareResult:
-    """Prepare `source` into `to`; see the module docstring for caching and resume."""
+            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None,
+            inputs: dict[str, str] | None = None) -> PrepareResult:
+    """Prepare `source` into `to`; see the module docstring for caching and resume. `inputs`: fingerprints of
+    other files the result depends on (a --tokenizer directory's contents), recorded with the options."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
     if not source.exists():
         raise DataError(f"{source}: no such file or directory.")
     kind = detect_kind(source, options.kind, options.encoding)
     options = PrepareOptions(**{**asdict(options), "kind": kind})
-    recorded = {**asdict(options), "format_version": FORMAT_VERSION}
+    recorded = {**asdict(options), "format_version": FORMAT_VERSION, **(inputs or {})}
     fingerprint = source_fingerprint(source)
     _check_destination(to, source)
     if (to / MANIFEST).is_file() and not force:

@@ -8,6 +8,7 @@ its fingerprint is in the manifest. Documents that cannot be read are named in t
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from trainwise.data.prepare import PrepareOptions
 
 ENCODE_BATCH = 256  # documents encoded in one call (the `tokenizers` library parallelises a batch)
-SKIPPED_LISTED = 1000  # skipped documents named in the manifest; the rest are counted
+SKIPPED_LISTED = 1000
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
+TOKENIZER_FILE_BYTES = 256 * 2**20  # larger files of a model directory are weights, not tokenizer files  # skipped documents named in the manifest; the rest are counted
 
 
 def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions | None" = None, **kwargs: Any):
@@ -37,7 +40,21 @@ def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions 
     options = options or PrepareOptions()
     if options.kind not in ("auto", "text"):
         raise DataError(f"--kind {options.kind}: this source is prepared as text.")
-    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat, **kwargs)
+    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat,
+                   inputs=tokenizer_files_fingerprint(options.tokenizer), **kwargs)
+
+
+def tokenizer_files_fingerprint(spec: str | None) -> dict[str, str]:
+    """{"tokenizer_files": sha256 of a --tokenizer directory's files}: the prepared ids depend on what the
+    directory holds, not on its path, so a changed tokenizer is prepared again, never "up to date"."""
+    directory = Path(spec).expanduser() if spec not in (None, "bytes") else None
+    if directory is None or not directory.is_dir():
+        return {}
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.suffix not in WEIGHT_SUFFIXES
+                       and p.stat().st_size <= TOKENIZER_FILE_BYTES):  # a model's weights are not its tokenizer
+        digest.update(f"{path.name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    return {"tokenizer_files": digest.hexdigest()}
 
 
 def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
