@@ -108,6 +108,22 @@ def broken_jinja(tmp: Path) -> list[str]:
     return [str(write(tmp, "chat.jsonl", alpaca_rows())), "--tokenizer", str(tokenizer)]
 
 
+def changed_tokenizer(tmp: Path) -> list[str]:
+    """Prepared once with a tokenizer directory whose contents then change (same path): not "up to date"."""
+    from trainwise.data.prepare import PrepareOptions
+    from trainwise.text.prepare import prepare_corpus
+
+    source = write(tmp, "d.jsonl", [json.dumps({"text": "hello world"})] * 10)
+    word_level_tokenizer(tmp / "tok", {"hello": 0, "world": 1, "<|endoftext|>": 2, "[UNK]": 3})
+    prepare_corpus(source, tmp / "out", PrepareOptions(tokenizer=str(tmp / "tok")))
+    word_level_tokenizer(tmp / "tok", {"world": 0, "hello": 1, "<|endoftext|>": 2, "[UNK]": 3})
+    return [str(source), "--tokenizer", str(tmp / "tok")]
+
+
+def stores_new_ids(out: Path) -> None:
+    assert all(doc == [1, 0, 2] for doc in documents(out))
+
+
 def with_bom(name: str, body: bytes) -> Callable[[Path], list[str]]:
     return lambda tmp: [str(write(tmp, name, b"\xef\xbb\xbf" + body))]
 
@@ -202,6 +218,7 @@ CASES = [
     ("text-file-whose-first-rows-are-chat", "silent damage",
      lambda tmp: [str(write(tmp, "d.jsonl", alpaca_rows(2) + text_rows()))],
      prepared("mixed formats", "prepared as plain text", check=prepared_as_text)),
+    ("tokenizer-dir-changed", "silent damage", changed_tokenizer, prepared("prepared text into", check=stores_new_ids)),
     # tracebacks
     ("message-role-list", "traceback", chat_source(messages_row(role=["user"])),
      prepared("chat.jsonl:13", "messages[0].role must be a string", "not a list", check=skipped_one)),
