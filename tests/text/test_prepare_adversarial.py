@@ -120,6 +120,29 @@ def changed_tokenizer(tmp: Path) -> list[str]:
     return [str(source), "--tokenizer", str(tmp / "tok")]
 
 
+def with_tokenizer(make: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+    """`make`'s source prepared with a transformers tokenizer directory (a BPE) instead of bytes."""
+    def made(tmp: Path) -> list[str]:
+        from tests.text.sft_tokenizers import write_hf_tokenizer_dir
+
+        return make(tmp) + ["--tokenizer", str(write_hf_tokenizer_dir(tmp / "tok"))]
+    return made
+
+
+def tokenizer_json_not_json(tmp: Path) -> list[str]:
+    (tmp / "tok").mkdir()
+    (tmp / "tok" / "tokenizer.json").write_text("{ this is not json")
+    return [str(write(tmp, "d.jsonl", text_rows())), "--tokenizer", str(tmp / "tok")]
+
+
+def saved_bpe_damaged(tmp: Path) -> list[str]:
+    """A prepared dataset's own tokenizer/ (kind bpe) whose tokenizer.json is valid JSON but not a tokenizer."""
+    (tmp / "tok").mkdir()
+    (tmp / "tok" / "trainwise_tokenizer.json").write_text(json.dumps({"kind": "bpe"}))
+    (tmp / "tok" / "tokenizer.json").write_text(json.dumps({"model": {}}))
+    return [str(write(tmp, "d.jsonl", text_rows())), "--tokenizer", str(tmp / "tok")]
+
+
 def stores_new_ids(out: Path) -> None:
     assert all(doc == [1, 0, 2] for doc in documents(out))
 
@@ -258,7 +281,33 @@ CASES = [
      refused("holds a config.json but no tokenizer", "export")),
     ("jinja-syntax-error", "misleading", broken_jinja,
      refused("chat template is not valid Jinja", "the template is broken, not the data", "--template chatml")),
+    ("bom-chat-jsonl", "silent damage", lambda tmp: [str(write(tmp, "c.jsonl", b"\xef\xbb\xbf" + "\n".join(
+        alpaca_rows()).encode())), "--template", "chatml"], prepared(check=lambda out: manifest(out)["skipped"]["count"] == 0)),
+    ("bom-markdown", "silent damage", with_bom("a.md", "# a title after a byte-order mark\n".encode()),
+     prepared(check=no_bom)),
+    ("empty-completion", "silent damage", chat_source(json.dumps({"prompt": "say it", "completion": ""})),
+     prepared("1 dropped with an empty answer", check=empty_answer_dropped)),
+    ("blank-sharegpt-answer", "silent damage", chat_source(json.dumps(
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "\n"}]})),
+     prepared("1 dropped with an empty answer", check=empty_answer_dropped)),
+    ("message-role-number", "traceback", chat_source(messages_row(role=7)),
+     prepared("messages[0].role must be a string", "not a int", check=skipped_one)),
+    ("surrogate-sharegpt-value", "traceback", chat_source(
+        '{"conversations": [{"from": "human", "value": "x \\udbff"}, {"from": "gpt", "value": "ok"}]}'),
+     prepared("lone surrogates replaced", "chat.jsonl:13")),
+    ("surrogate-with-model-tokenizer", "traceback", with_tokenizer(text_source('{"text": "odd \\udc80 byte"}')),
+     prepared("lone surrogates replaced", check=replaced_surrogate)),
+    ("surrogate-in-key", "traceback", text_source('{"text": "fine", "\\ud800": 1}'),
+     prepared("lone surrogates replaced", check=lambda out: manifest(out)["skipped"]["count"] == 0)),
+    ("huge-int-json-file", "traceback", lambda tmp: [str(write(tmp, "d.json", ("[" + HUGE + "]").encode()))],
+     refused("no usable document", "a number too long to read")),
+    ("tokenizer-json-not-json", "traceback", tokenizer_json_not_json,
+     refused("tokenizer files cannot be read by transformers", "tok")),
+    ("saved-bpe-tokenizer-damaged", "traceback", saved_bpe_damaged,
+     refused("tokenizer.json: not a tokenizer file the `tokenizers` library can read", "prepare the dataset again")),
     # misleading
+    ("text-is-object", "misleading", text_source('{"text": {"en": "hello"}}'),
+     prepared("the `text` field is an object, not a string", check=skipped_one)),
     ("text-is-number", "misleading", text_source('{"text": 123}'),
      prepared("the `text` field is a number, not a string", check=skipped_one)),
     ("text-is-null", "misleading", text_source('{"text": null}'), prepared("the `text` field is null", check=skipped_one)),
