@@ -455,3 +455,18 @@ def test_generate_past_a_gpt2_position_table_caps_the_new_tokens(tmp_path):
                            device=torch.device("cpu"))
     said = [str(w.message) for w in caught]
     assert len(out) == 1 and any("its first 15 tokens are left out" in line for line in said)
+
+
+@pytest.mark.slow
+def test_a_model_directory_without_a_tokenizer_is_said_to_be_unchecked(tmp_path, capsys, wide_terminal):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=300)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(tmp_path / "weights"))
+    source = write(tmp_path, "d.jsonl", text_rows(20))
+    assert invoke(capsys, "prepare", str(source), "--to", str(tmp_path / "data")).returncode == 0
+    result = invoke(capsys, "train", "lm-gpt", *TINY, f"model.hf={tmp_path / 'weights'}",
+                    f"data.path={tmp_path / 'data'}", "data.seq_len=32", "--out", str(tmp_path / "run"),
+                    show_warnings=True)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, said
+    assert "holds no tokenizer, so trainwise cannot check that the data's ids (tokenizer: bytes)" in said

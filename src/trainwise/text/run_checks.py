@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trainwise.errors import ConfigError
-from trainwise.text.tokenizer import KIND_FILE
+from trainwise.text.tokenizer import KIND_FILE, TOKENIZER_FILES
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "context")  # HF configs, the built-in gpt's
 
@@ -33,7 +33,7 @@ def check_language_run(bundle: Any, model: Any, kept_tokenizer: Path | None = No
     check_kept_tokenizer(kept_tokenizer, spec.tokenizer_fingerprint, bundle.notes.get("prepared"))
     _check_vocabulary(model, int(spec.num_classes))
     _check_context(model, seq_len)
-    return cut_sample_warnings(bundle.train, seq_len)
+    return _unchecked_tokenizer(model, bundle.train) + cut_sample_warnings(bundle.train, seq_len)
 
 
 def check_kept_tokenizer(kept: Path | None, data_fingerprint: str | None, data_path: str | None) -> None:
@@ -60,6 +60,18 @@ def _check_vocabulary(model: Any, ids: int) -> None:
         raise ConfigError(f"the data's tokenizer has {ids:,} ids but the model embeds {rows:,}: ids above "
                           f"{rows - 1:,} have no row. Prepare the data with the model's tokenizer (--tokenizer "
                           "MODEL_DIR).")
+
+
+def _unchecked_tokenizer(model: Any, train: Any) -> list[str]:
+    """A pretrained model directory without a tokenizer: its ids cannot be compared with the data's."""
+    directory = Path(str(getattr(getattr(model, "config", None), "name_or_path", "") or ""))
+    if not str(directory) or not (directory / "config.json").is_file() or \
+            any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return []
+    kind = ((getattr(getattr(train, "stream", None), "manifest", None) or {}).get("tokenizer") or {}).get("kind")
+    return [f"model.hf={directory} holds no tokenizer, so trainwise cannot check that the data's ids (tokenizer: "
+            f"{kind or 'unknown'}) are the model's; unless the model was trained on this tokenizer, put its "
+            "tokenizer files beside the weights and prepare the data with --tokenizer pointing there."]
 
 
 def model_context(model: Any) -> int | None:

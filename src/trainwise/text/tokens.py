@@ -4,7 +4,7 @@
 DIR/
   manifest.json               kind "text": the tokenizer's fingerprint, per split the token and document counts
   tokenizer/                  the tokenizer that made the ids (text/tokenizer.py), read back by training
-  train/tokens-00000.npy      the split's documents one after another, uint16 (vocabulary <= 65,536) or uint32
+  train/tokens-00000.npy      the split's documents one after another, uint16 (largest id <= 65,535) or uint32
   train/loss_mask-00000.npy   optional (instruction data): 1 where a token is a target, 0 where it is prompt
   train/documents.npy         int64 offsets: document i is tokens[offsets[i]:offsets[i + 1]] of the split
   val/...  test/...
