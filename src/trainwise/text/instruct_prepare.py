@@ -187,7 +187,8 @@ def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: I
     fields = {
         "task": "causal_lm", "schema": text_schema(dtype, with_loss_mask=True), "splits": entries, "files": files,
         "tokenizer": tokenizer.describe(), "lengths": length_report(stats["train"].lengths, options.seq_len),
-        "notes": repair_notes(read.repaired) + copies.notes(), "skipped": {"count": read.skipped, "files": [_skipped(p) for p in read.problems[:1000]]},
+        "notes": repair_notes(read.repaired) + copies.notes(),
+        "skipped": {"count": read.skipped, "files": [_skipped(p) for p in read.problems[:1000]]},
         "instruct": {"format": read.format, "template": template_record(template), "seq_len": options.seq_len,
                      "too_long": options.too_long, "mask_prompt": options.mask_prompt,
                      "stats": {split: s.as_dict() for split, s in stats.items()}},

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from trainwise.data.prepare import PrepareOptions
 
 ENCODE_BATCH = 256  # documents encoded in one call (the `tokenizers` library parallelises a batch)
-SKIPPED_LISTED = 1000
+SKIPPED_LISTED = 1000  # skipped documents named in the manifest; the rest are counted
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
-TOKENIZER_FILE_BYTES = 256 * 2**20  # larger files of a model directory are weights, not tokenizer files  # skipped documents named in the manifest; the rest are counted
+TOKENIZER_FILE_BYTES = 256 * 2**20  # larger files of a model directory are weights, not tokenizer files
 
 
 def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions | None" = None, **kwargs: Any):
