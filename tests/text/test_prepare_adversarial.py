@@ -204,6 +204,16 @@ def empty_answer_dropped(out: Path) -> None:
     assert sum(s["samples"] for s in stats.values()) == 12
 
 
+def blank_answer_has_no_loss(out: Path) -> None:
+    """The multi-turn row (the last training sample, source order) trains on its real answer only."""
+    train = TokenSplit(out, "train")
+    start, end = int(train.offsets[-2]), int(train.offsets[-1])
+    tokens, mask = train.tokens(start, end), train.loss_mask(start, end)
+    tokenizer = load_tokenizer(out / "tokenizer")
+    trained = tokenizer.decode([t for t, m in zip(tokens.tolist(), mask.tolist()) if m and t != tokenizer.eos_id])
+    assert trained == "a real answer<|im_end|>\n", trained
+
+
 def prepared_as_chat(out: Path) -> None:
     assert "instruct" in manifest(out) and manifest(out)["skipped"]["count"] == 1
 
@@ -222,6 +232,10 @@ CASES = [
      prepared("1 dropped with an empty answer", "every answer is empty", check=empty_answer_dropped)),
     ("blank-assistant-message", "silent damage", chat_source(messages_row(answer="  ")),
      prepared("1 dropped with an empty answer", check=empty_answer_dropped)),
+    ("blank-answer-in-multi-turn-chat", "silent damage", chat_source(json.dumps({"messages": [
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": ""},
+        {"role": "user", "content": "second"}, {"role": "assistant", "content": "a real answer"}]})),
+     prepared("1 blank answer of multi-turn chats kept as context (no loss)", check=blank_answer_has_no_loss)),
     ("bom-txt", "silent damage", with_bom("a.txt", "a document that starts with a byte-order mark".encode()),
      prepared(check=no_bom)),
     ("bom-jsonl", "silent damage", with_bom("d.jsonl", "\n".join(text_rows()).encode()), prepared(check=no_bom)),
@@ -234,10 +248,10 @@ CASES = [
     ("non-chat-file-in-chat-folder", "silent damage",
      folder({"chat.jsonl": alpaca_rows(), "notes.txt": ["forgotten notes"], "table.csv": ["a,b"]},
             "--template", "chatml"),
-     prepared("ignored 2 files that are not JSONL, JSON or Parquet", "notes.txt", "table.csv")),
+     prepared("ignored 2 files not holding JSONL, JSON or Parquet", "notes.txt", "table.csv")),
     ("chat-file-whose-first-row-is-text", "silent damage",
      chat_source(rows=[json.dumps({"text": "a stray note"})] + alpaca_rows()),
-     prepared("mixed formats", "12 are chat rows and 1 plain-text", check=prepared_as_chat)),
+     prepared("mixed formats", "12 chat and 1 plain-text", check=prepared_as_chat)),
     ("text-file-whose-first-rows-are-chat", "silent damage",
      lambda tmp: [str(write(tmp, "d.jsonl", alpaca_rows(2) + text_rows()))],
      prepared("mixed formats", "prepared as plain text", check=prepared_as_text)),

@@ -72,9 +72,9 @@ class FormatSample:
         if not (self.chat and self.text):
             return None
         chosen, other = ("chat", "plain-text") if self.is_chat else ("plain text", "chat")
-        return (f"mixed formats: of the first {self.rows} rows, {self.chat} are chat rows and {self.text} plain-text "
-                f"rows; prepared as {chosen}, so the {other} rows are skipped (each named in manifest.json). Put "
-                "each kind in its own file and prepare them apart.")
+        return (f"mixed formats: of the first {self.rows} rows, {self.chat} chat and {self.text} plain-text; "
+                f"prepared as {chosen}, so the {other} rows are skipped (each named in manifest.json). Put each "
+                "kind in its own file and prepare them apart.")
 
 
 FORMAT_SAMPLE = 200
@@ -148,7 +148,7 @@ def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None =
     instruct = InstructOptions.from_prepare(options)
     read = read_chat_files(chat_files(source), instruct.format)
     ignored = ignored_files(source)
-    notes = list(notes or []) + ([f"ignored {len(ignored)} file{'s' if len(ignored) > 1 else ''} that are not "
+    notes = list(notes or []) + ([f"ignored {len(ignored)} file{'s' if len(ignored) > 1 else ''} not holding "
                                   f"JSONL, JSON or Parquet rows (chat data is read from those only): "
                                   f"{', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''}"] if ignored else [])
     builtin = BUILTIN_TEMPLATES.get(instruct.template or "")
@@ -224,4 +224,11 @@ def summary_lines(manifest: dict[str, Any]) -> list[str]:
             + ("" if instruct["mask_prompt"] else " (prompt masking off: every token trains)"),
             f"longer than {instruct['seq_len']:,} tokens: {train['truncated']} truncated from the prompt side, "
             f"{train['dropped_too_long']} dropped (--too-long {instruct['too_long']}); "
-            f"{sum(s['dropped_no_answer'] for s in instruct['stats'].values())} dropped with an empty answer"]
+            f"{sum(s['dropped_no_answer'] for s in instruct['stats'].values())} dropped with an empty answer"
+            + _blank_context(instruct["stats"])]
+
+
+def _blank_context(stats: dict[str, dict[str, Any]]) -> str:
+    blank = sum(s.get("blank_answers_as_context", 0) for s in stats.values())
+    return f"; {blank} blank answer{'s' if blank > 1 else ''} of multi-turn chats kept as context (no loss)" \
+        if blank else ""
