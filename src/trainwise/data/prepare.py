@@ -50,10 +50,12 @@ class PrepareResult:
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
             workers: int | None = None, force: bool = False, progress: Progress | None = None,
             text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None,
-            wait_s: float | None = None) -> PrepareResult:
+            wait_s: float | None = None, inputs: dict[str, str] | None = None) -> PrepareResult:
     """Prepare `source` into `to`; see the module docstring for caching and resume, destination.py for how
     `to` is replaced (never written in place). `wait_s`: how long to wait for another prepare into `to` to
-    finish before refusing (default: a moment; a shared cache waits, then finds it up to date)."""
+    finish before refusing (default: a moment; a shared cache waits, then finds it up to date). `inputs`:
+    fingerprints of other files the result depends on (a --tokenizer directory's contents), recorded with the
+    options."""
     source, to = Path(source).expanduser(), Path(to).expanduser()
     options.check()
     if not source.exists():
@@ -63,7 +65,7 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     if kind == "text" and text_builder is None:  # text: (to, source, options) -> the manifest's fields
         raise DataError(f"{source}: text is prepared by trainwise.text.prepare.prepare_corpus, which tokenises it.")
     options = PrepareOptions(**{**asdict(options), "kind": kind})
-    recorded = {**asdict(options), "format_version": FORMAT_VERSION}
+    recorded = {**asdict(options), "format_version": FORMAT_VERSION, **(inputs or {})}
     fingerprint = source_fingerprint(source)
     check_destination(to, source)  # before anything is made, the lock file included
     place = to.resolve()  # a link to a dataset: the dataset is replaced, not the link

@@ -36,8 +36,12 @@ def split_codes(labels: np.ndarray | None, n: int, options: "PrepareOptions") ->
 
 def empty_split_warnings(splits: dict[str, dict], options: "PrepareOptions") -> list[str]:
     """A warning for each held-out split that came out empty although the options asked for one: without
-    validation, train cannot pick a best checkpoint or stop early; without test, eval has nothing held out."""
-    total = sum(entry["count"] for entry in splits.values())
+    validation, train cannot pick a best checkpoint or stop early; without test, eval has nothing held out.
+    Text splits count tokens, but are split by document (or conversation): their entries say so (`unit`), and
+    the warning counts what was split."""
+    unit = next((entry["unit"] for entry in splits.values() if entry.get("unit")), "samples")
+    total = sum(entry.get("documents", entry["count"]) if unit != "samples" else entry["count"]
+                for entry in splits.values())
     last_k = options.kind == "interactions" and options.split == "last-k"
     found = []
     for split, name, fraction, cost in (
@@ -50,8 +54,11 @@ def empty_split_warnings(splits: dict[str, dict], options: "PrepareOptions") -> 
         elif last_k:
             why = f"no user has more than {2 * options.last_k} events (2 x --last-k), so every history stays whole"
             fix = "use a smaller --last-k, or --split time"
+        elif unit == "parts of one document":
+            why = "the source is one document, cut by position, and it is too short to leave a part for it"
+            fix = "give more text (or several documents)"
         else:
-            why = f"{fraction:g} of {total:,} samples rounds to none"
+            why = f"{fraction:g} of {total:,} {unit} rounds to none"
             fix = f"give more data or a larger --{'val' if split == 'val' else 'test'}-fraction"
         found.append(f"the {name} split is empty: {why}; {cost}. To have one, {fix}.")
     return found

@@ -73,6 +73,9 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
         raise ConfigError(f"--to {to}: exists and is not an empty directory; give a new one (nothing is overwritten).")
     loaded = load_run_model(path, trust_code=trust_code)
     model = loaded.model
+    if merge and not hasattr(model, "peft_config"):
+        raise ConfigError(f"--merge: {path} has no adapter to merge (model.method={loaded.config.model.method}: its "
+                          "weights are whole already); export it without --merge.")
     if hasattr(model, "peft_config") and merge:
         model = model.merge_and_unload()
     elif hasattr(model, "peft_config"):

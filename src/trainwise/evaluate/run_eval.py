@@ -102,6 +102,10 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
         raise DataError(f"the run's data has no {split} split (data.{split}_fraction is 0, or `trainwise prepare` "
                         "held out none of a small table); evaluate another: "
                         + " or ".join(f"--split {name}" for name in others) + ".")
+    if run.tokenizer_dir().is_dir():  # data re-prepared with another tokenizer: said as such, before shapes clash
+        from trainwise.text.run_checks import check_kept_tokenizer
+
+        check_kept_tokenizer(run.tokenizer_dir(), bundle.spec.tokenizer_fingerprint, config.data.path)
     model = build_model(config, bundle.spec)
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)

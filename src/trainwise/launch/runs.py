@@ -33,8 +33,10 @@ from trainwise.train.trainer import Trainer
 MicroBatchResolver = Callable[[RunConfig], tuple[RunConfig, Any]]
 
 
-def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = ()) -> Trainer:
-    """Seed, build the data (bad labels are refused here), the model and the trainer. Nothing is written."""
+def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = (), *,
+                  resuming: bool = False) -> Trainer:
+    """Seed, build the data (bad labels are refused here), the model and the trainer. Nothing is written.
+    `resuming`: the run's kept tokenizer is checked against the data's (a language model)."""
     config.train.refuse_unresolved_auto()  # before the data is built
     seed_everything(config.seed)
     bundle = build_data(config)
@@ -49,8 +51,9 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     sanity = SanityFindings(findings)
     said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
-        from trainwise.train.language_model import KeepTokenizer
+        from trainwise.train.language_model import KeepTokenizer, check_text_run
 
+        check_text_run(bundle, model, run.tokenizer_dir() if resuming else None)
         said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
     trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, *said],
                       data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
@@ -130,7 +133,7 @@ def resume_run(path: str | Path, callbacks: Sequence[Callback] = (), *, trust_co
     choice = resume_checkpoint(run, sharded=sharded)
     check_config_unchanged(run, config, choice, sharded=sharded, allow_change=allow_config_change)
     with leaving_the_job():
-        build_trainer(config, run, callbacks).fit(resume=True)
+        build_trainer(config, run, callbacks, resuming=True).fit(resume=True)
     return run
 
 

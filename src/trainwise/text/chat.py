@@ -63,6 +63,7 @@ class ReadResult:
     conversations: list[Conversation] = field(default_factory=list)
     format: str = ""
     problems: list[str] = field(default_factory=list)  # "source: what is wrong"
+    repaired: list[str] = field(default_factory=list)  # rows kept with lone surrogates replaced (text/rows.py)
 
     @property
     def skipped(self) -> int:
@@ -128,12 +129,20 @@ def _from_sharegpt(row: dict) -> list[Turn]:
             item = {"from": item["role"], "value": item.get("content")}  # {role, content} items
         if not isinstance(item, dict) or item.get("from") is None or "value" not in item:
             raise RowError(f"conversations[{i}] must be an object with 'from' and 'value'")
-        name = str(item["from"]).lower()
+        name = _role_name(item["from"], f"conversations[{i}].from").lower()
         role = SHAREGPT_ROLES.get(name)
         if role is None:
             raise RowError(_unsupported_role(f"conversations[{i}]", "from", item["from"], "human, gpt, system"))
         turns.append(Turn(role, _text(item["value"], f"conversations[{i}].value")))
     return turns
+
+
+def _role_name(value: object, what: str) -> str:
+    """A role written as a string (a list or an object there is a malformed row, not a role)."""
+    if not isinstance(value, str):
+        kind = {list: "list", dict: "object"}.get(type(value), type(value).__name__)
+        raise RowError(f"{what} must be a string such as \"user\" or \"assistant\", not a {kind}")
+    return value
 
 
 def _unsupported_role(where: str, key: str, value: object, supported: str) -> str:
@@ -176,7 +185,7 @@ def _messages(items: object, key: str) -> list[Turn]:
         where = f"{key}[{i}]"
         if not isinstance(item, dict) or item.get("role") is None or "content" not in item:
             raise RowError(f"{where} must be an object with 'role' and 'content'")
-        role = MESSAGE_ROLES.get(item["role"])
+        role = MESSAGE_ROLES.get(_role_name(item["role"], f"{where}.role"))
         if role is None:
             raise RowError(_unsupported_role(where, "role", item["role"], ", ".join(ROLES)))
         if item.get("tool_calls") or item.get("function_call"):
@@ -246,7 +255,7 @@ def read_chat_files(paths: Iterable[str | Path], fmt: ChatFormat = "auto") -> Re
         if not path.is_file():
             raise DataError(f"{path} does not exist. Give JSONL, JSON or Parquet files of alpaca, sharegpt, "
                             "messages or prompt-completion rows.")
-        for source, row in read_rows(path):
+        for source, row in read_rows(path, repaired=result.repaired):
             try:
                 if isinstance(row, RowError):
                     raise row

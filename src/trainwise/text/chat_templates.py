@@ -253,6 +253,7 @@ def choose_template(name: str | None, tokenizer: Any) -> ChatTemplate:
             "the tokenizer has no chat template, so trainwise cannot know how this model expects a conversation "
             f"to be written. Add --template NAME with one of {', '.join(template_names())} (chatml suits a model "
             "you train from scratch), or use a model directory whose tokenizer_config.json has a chat_template.")
+    check_template_source(source)
     return JinjaTemplate(source, special_token_strings(tokenizer))
 
 
@@ -279,6 +280,34 @@ def render_jinja(source: str, messages: list[dict[str, str]], add_generation_pro
         rendered, _ = render_jinja_template([messages], chat_template=source,
                                             add_generation_prompt=add_generation_prompt, **special_tokens)
     except Exception as e:  # a template's own raise_exception() (e.g. "roles must alternate") or a syntax error
+        if _is_syntax_error(e):
+            raise _broken_template(e) from None
         raise DataError(f"the tokenizer's chat template failed on this conversation: {e}. "
                         "Fix the data, or use --template chatml.") from None
     return rendered[0]
+
+
+def check_template_source(source: str) -> None:
+    """Refuse a chat template that is not valid Jinja once, up front (not as a failure of every row)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return  # rendering says how to install it
+    try:
+        _compile_jinja_template(source)
+    except Exception as e:
+        if _is_syntax_error(e):
+            raise _broken_template(e) from None
+        raise
+
+
+def _is_syntax_error(error: Exception) -> bool:
+    return type(error).__name__ == "TemplateSyntaxError"  # jinja2's, which transformers imports lazily
+
+
+def _broken_template(error: Exception) -> DataError:
+    line = getattr(error, "lineno", None)
+    return DataError(f"the tokenizer's chat template is not valid Jinja ({error.__class__.__name__}"
+                     f"{f' at line {line}' if line else ''}: {getattr(error, 'message', None) or error}): the "
+                     "template is broken, not the data. Fix chat_template in the tokenizer's tokenizer_config.json "
+                     "(or chat_template.jinja), or use --template chatml (or llama3, plain).")

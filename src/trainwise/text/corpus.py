@@ -1,12 +1,13 @@
 """Raw text in: `.txt`/`.md` files (one document each), folders of them, or rows with a text field (one document
 a row): JSONL, a JSON array, or Parquet (text/rows.py reads them). What cannot be read as a document (not
-UTF-8, empty, a broken JSON line, no text field) is yielded as a `Document` with a `problem` and no text, so
-`prepare` names it and carries on.
+UTF-8, empty, a broken JSON line, no text field or one that is not a string) is yielded as a `Document` with a
+`problem` and no text, so `prepare` names it and carries on. A file's UTF-8 byte-order mark is not text.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise.errors import DataError
@@ -62,36 +63,91 @@ def _text_parquet(path: Path, text_field: str) -> bool:
     return chat_keys(columns) or (text_field in columns and not {c.lower() for c in columns} & set(LABEL_NAMES))
 
 
-def read_documents(source: Path, text_field: str = "text") -> Iterator[Document]:
-    """Every document of the source, in order; unreadable ones with their problem."""
+def read_documents(source: Path, text_field: str = "text", repaired: list[str] | None = None
+                   ) -> Iterator[Document]:
+    """Every document of the source, in order; unreadable ones with their problem. `repaired`: rows kept with
+    lone surrogates replaced (text/rows.py)."""
     for path in text_files(source):
         name = str(path.relative_to(source)) if source.is_dir() else path.name
         if path.suffix.lower() in ROW_SUFFIXES:
-            yield from _row_documents(path, name, text_field)
+            yield from _row_documents(path, name, text_field, repaired)
             continue
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = path.read_bytes().decode("utf-8-sig")
         except UnicodeDecodeError as error:
             yield Document(name, None, f"not UTF-8 (byte 0x{error.object[error.start]:02x} at offset {error.start})")
             continue
         yield _checked(name, text)
 
 
-def _row_documents(path: Path, name: str, text_field: str) -> Iterator[Document]:
-    for where, record in read_rows(path, name):
+def _row_documents(path: Path, name: str, text_field: str, repaired: list[str] | None) -> Iterator[Document]:
+    for where, record in read_rows(path, name, repaired):
         if isinstance(record, RowError):
             yield Document(where, None, str(record))
             continue
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
-            found = ", ".join(sorted(record)[:6]) if isinstance(record, dict) else type(record).__name__
-            yield Document(where, None, f"no string `{text_field}` field (has: {found}); pick the field "
-                                        "with --text-field")
+            yield Document(where, None, _no_text(record, text_field))
             continue
         yield _checked(where, text)
+
+
+def _no_text(record: object, text_field: str) -> str:
+    """Why a row holds no document: not an object, no such field, or a field of another type than text."""
+    if not isinstance(record, dict):
+        return f"a row must be a JSON object with a `{text_field}` field, not {_json_type(record)}"
+    if text_field in record:
+        return (f"the `{text_field}` field is {_json_type(record[text_field])}, not a string; a document's text "
+                "must be a string (fix this row, or pick another field with --text-field)")
+    return f"no `{text_field}` field (has: {', '.join(sorted(record)[:6])}); pick the field with --text-field"
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value != value:
+        return "NaN (a number)"
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _checked(name: str, text: str) -> Document:
     if not text.strip():
         return Document(name, None, "empty")
     return Document(name, text)
+
+
+@dataclass
+class SplitCopies:
+    """Held-out documents (or conversations) that are exact copies of training ones: their loss measures
+    memory, not learning. Counted per split, the first few named."""
+
+    train: set[bytes] = field(default_factory=set)
+    held_out: list[tuple[str, str, bytes]] = field(default_factory=list)  # (split, name, digest)
+
+    def add(self, split: str, name: str, text: str) -> None:
+        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
+        if split == "train":
+            self.train.add(digest)
+        else:
+            self.held_out.append((split, name, digest))
+
+    def notes(self) -> list[str]:
+        copies = [(split, name) for split, name, digest in self.held_out if digest in self.train]
+        if not copies:
+            return []
+        counts = {split: sum(s == split for s, _ in copies) for split in ("val", "test")}
+        said = " and ".join(f"{count} in {split}" for split, count in counts.items() if count)
+        named = ", ".join(name for _, name in copies[:3] if name)
+        return [f"exact duplicates across splits: {said} are copies of training documents"
+                f"{f' (first: {named})' if named else ''}; held-out loss on them measures memory, not learning. "
+                "Remove the duplicates from the source and prepare again."]
+
+
+def repair_notes(repaired: list[str]) -> list[str]:
+    """One line for rows kept after a repair (lone surrogates replaced), naming the first few."""
+    if not repaired:
+        return []
+    return [f"{len(repaired)} row{'s' if len(repaired) > 1 else ''} kept with lone surrogates replaced by U+FFFD "
+            f"(half of a UTF-16 pair, which no tokenizer can encode): {'; '.join(repaired[:3])}"
+            f"{' ...' if len(repaired) > 3 else ''}"]

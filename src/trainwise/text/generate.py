@@ -6,13 +6,15 @@ is greedy decoding: the same text every time.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, TrainwiseWarning
 from trainwise.text.gpt import GPT
+from trainwise.text.run_checks import model_context
 from trainwise.text.tokenizer import Tokenizer
 
 
@@ -75,14 +77,30 @@ def generate_ids(model: nn.Module, prompt: list[int], sampling: Sampling, *, eos
 def _generate_hugging_face(model: nn.Module, prompt: list[int], sampling: Sampling, *, eos_id: int | None,
                            device: torch.device) -> list[int]:
     torch.manual_seed(sampling.seed)
+    prompt, max_new = _within_context(prompt, sampling.max_tokens, model_context(model))
     ids = torch.tensor([prompt], device=device)
     greedy = sampling.temperature == 0
-    options = {"do_sample": not greedy, "max_new_tokens": sampling.max_tokens, "eos_token_id": eos_id,
+    options = {"do_sample": not greedy, "max_new_tokens": max_new, "eos_token_id": eos_id,
                "pad_token_id": eos_id, "attention_mask": torch.ones_like(ids)}
     if not greedy:
         options.update(temperature=sampling.temperature, top_k=sampling.top_k or 0)
     generated = model.generate(ids, **options)
     return generated[0, len(prompt):].tolist()
+
+
+def _within_context(prompt: list[int], max_tokens: int, context: int | None) -> tuple[list[int], int]:
+    """The prompt and token budget that fit the model's position table (a GPT-2-style model has no row past
+    it): the prompt's oldest tokens left out, the new tokens capped; each said as a warning."""
+    if context is None or len(prompt) + max_tokens <= context:
+        return prompt, max_tokens
+    keep = max(1, min(len(prompt), context - 1))
+    if keep < len(prompt):
+        warnings.warn(f"the prompt is {len(prompt):,} tokens and the model's context {context:,} positions: its "
+                      f"first {len(prompt) - keep:,} tokens are left out.", TrainwiseWarning, stacklevel=3)
+    budget = min(max_tokens, context - keep)
+    warnings.warn(f"the model's context is {context:,} positions: generation stops after {budget:,} new tokens "
+                  f"(--max-tokens {max_tokens:,} would pass its position table).", TrainwiseWarning, stacklevel=3)
+    return prompt[len(prompt) - keep:], budget
 
 
 def generate_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, sampling: Sampling, *,

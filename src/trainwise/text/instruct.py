@@ -38,6 +38,7 @@ class EncodeStats:
     truncated: int = 0
     dropped_too_long: int = 0
     dropped_no_answer: int = 0
+    blank_answers_as_context: int = 0  # blank answers of chats whose other answers train: no loss on them
     tokens: int = 0
     loss_tokens: int = 0
     lengths: list[int] = field(default_factory=list)  # before truncation: what the data asks for (histogram)
@@ -49,7 +50,8 @@ class EncodeStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "truncated": self.truncated, "dropped_too_long": self.dropped_too_long,
-                "dropped_no_answer": self.dropped_no_answer, "tokens": self.tokens,
+                "dropped_no_answer": self.dropped_no_answer,
+                "blank_answers_as_context": self.blank_answers_as_context, "tokens": self.tokens,
                 "loss_tokens": self.loss_tokens, "loss_share": round(self.loss_share, 4)}
 
 
@@ -113,11 +115,38 @@ def labels_for(sample: Sample) -> list[int]:
     return [ids[t + 1] if trains[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)] + [IGNORE_INDEX]
 
 
+def _answers_empty(conversation: Conversation | list[dict[str, str]]) -> bool:
+    """Whether every answer that carries loss is blank (an empty `output`, `completion` or assistant message)."""
+    if not isinstance(conversation, Conversation):
+        return False
+    answers = [t.content for t in conversation.turns if t.trains]
+    return bool(answers) and not any(answer.strip() for answer in answers)
+
+
+def _blank_answers_as_context(conversation: Conversation | list[dict[str, str]]):
+    """(the conversation with its blank answers given weight 0, how many): in a chat whose other answers train,
+    a blank one would teach the model to stop at once after its prompt; as context it teaches nothing."""
+    if not isinstance(conversation, Conversation):
+        return conversation, 0
+    blank = sum(t.trains and not t.content.strip() for t in conversation.turns)
+    if not blank:
+        return conversation, 0
+    turns = tuple(replace(t, weight=0) if t.trains and not t.content.strip() else t for t in conversation.turns)
+    return replace(conversation, turns=turns), blank
+
+
 def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, tokenizer: Any, *,
                max_tokens: int, too_long: TooLong = "truncate",
                mask_prompt: bool = True) -> tuple[list[Sample], EncodeStats]:
     samples, stats = [], EncodeStats()
     for conversation in conversations:
+        if _answers_empty(conversation):  # it would train only the end-of-answer marker: stop at once
+            stats.dropped_no_answer += 1
+            stats.problems.append(f"{conversation.source or 'a conversation'}: every answer is empty (blank), "
+                                  "nothing to learn; dropped")
+            continue
+        conversation, blank = _blank_answers_as_context(conversation)
+        stats.blank_answers_as_context += blank
         try:
             sample = encode_conversation(conversation, template, tokenizer, mask_prompt=mask_prompt)
         except DataError as e:  # this row only (a template that refuses a system turn, say): named, skipped
@@ -136,7 +165,7 @@ def encode_all(conversations: Iterable[Conversation], template: ChatTemplate, to
         stats.tokens += len(kept)
         stats.loss_tokens += sum(kept.trains[1:])
         samples.append(kept)
-    if not samples and stats.problems and not stats.lengths:
+    if not samples and stats.problems and not stats.lengths and not stats.dropped_no_answer:
         raise DataError(f"the chat template rendered no conversation; the first: {stats.problems[0]}")
     if not samples:
         raise DataError(f"no sample is left: {stats.dropped_too_long} longer than {max_tokens} tokens "

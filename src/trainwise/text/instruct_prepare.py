@@ -19,10 +19,11 @@ from typing import Any
 from trainwise.rundir.atomic import atomic_write_bytes
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation, ReadResult, Turn, chat_files, read_chat_files
+from trainwise.text.corpus import SplitCopies, repair_notes
 from trainwise.text.chat_templates import BUILTIN_TEMPLATES, choose_template, save_template_choice, template_record
 from trainwise.text.instruct import EncodeStats, TooLong, encode_all
 from trainwise.text.packing import length_report
-from trainwise.text.rows import chat_keys, first_keys, is_row_file
+from trainwise.text.rows import chat_keys, is_row_file, read_rows
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
 
 
@@ -52,11 +53,58 @@ class InstructResult:
     stats: dict[str, EncodeStats]
 
 
+@dataclass(frozen=True)
+class FormatSample:
+    """What the first rows of a source are: chat rows (alpaca, sharegpt, messages, prompt-completion) and rows
+    with a text field, counted over up to FORMAT_SAMPLE rows (one odd first row decides nothing)."""
+
+    chat: int = 0
+    text: int = 0
+    rows: int = 0
+
+    @property
+    def is_chat(self) -> bool:
+        return self.chat > 0 and self.chat >= self.text
+
+    @property
+    def note(self) -> str | None:
+        """The mixed-format warning, when both kinds of rows are there."""
+        if not (self.chat and self.text):
+            return None
+        chosen, other = ("chat", "plain-text") if self.is_chat else ("plain text", "chat")
+        return (f"mixed formats: of the first {self.rows} rows, {self.chat} chat and {self.text} plain-text; "
+                f"prepared as {chosen}, so the {other} rows are skipped (each named in manifest.json). Put each "
+                "kind in its own file and prepare them apart.")
+
+
+FORMAT_SAMPLE = 200
+
+
+def format_sample(source: Path, text_field: str = "text") -> FormatSample:
+    """Chat rows and text rows among the first FORMAT_SAMPLE rows of the source's row files."""
+    chat = text = rows = 0
+    for path in chat_files(source) if source.exists() else []:
+        for _, row in read_rows(path) if is_row_file(path) else ():
+            keys = {key for key, value in row.items() if value is not None} if isinstance(row, dict) else set()
+            is_chat = chat_keys(keys)
+            chat, text, rows = chat + is_chat, text + (not is_chat and text_field in keys), rows + 1
+            if rows >= FORMAT_SAMPLE:
+                return FormatSample(chat, text, rows)
+    return FormatSample(chat, text, rows)
+
+
 def looks_like_chat(source: Path) -> bool:
-    """Row files (JSONL, JSON, Parquet) whose first row is alpaca, sharegpt, messages or prompt-completion (so
-    `prepare` needs no --kind)."""
-    files = chat_files(source) if source.exists() else []
-    return bool(files) and is_row_file(files[0]) and chat_keys(first_keys(files[0]))
+    """Row files (JSONL, JSON, Parquet) whose first rows are mostly alpaca, sharegpt, messages or
+    prompt-completion (so `prepare` needs no --kind)."""
+    return format_sample(source).is_chat
+
+
+def ignored_files(source: Path) -> list[str]:
+    """Files of a chat folder that are not row files (JSONL, JSON, Parquet): not read, and said so."""
+    if not source.is_dir():
+        return []
+    return sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file() and not is_row_file(p)
+                  and not any(part.startswith(".") for part in p.relative_to(source).parts))
 
 
 def conversations_file(split: str) -> str:
@@ -92,27 +140,37 @@ def _with_weights(conversation: Conversation) -> list[dict[str, Any]]:
             for t, m in zip(conversation.turns, conversation.as_messages())]
 
 
-def prepare_chat(to: Path, source: Path, options: Any) -> dict[str, Any]:
-    """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields."""
+def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None = None) -> dict[str, Any]:
+    """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields. `notes`:
+    what the caller found about the source (mixed formats), kept with the manifest's notes."""
     from trainwise.text.tokenizer import resolve_tokenizer
 
     instruct = InstructOptions.from_prepare(options)
     read = read_chat_files(chat_files(source), instruct.format)
+    ignored = ignored_files(source)
+    notes = list(notes or []) + ([f"ignored {len(ignored)} file{'s' if len(ignored) > 1 else ''} not holding "
+                                  f"JSONL, JSON or Parquet rows (chat data is read from those only): "
+                                  f"{', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''}"] if ignored else [])
     builtin = BUILTIN_TEMPLATES.get(instruct.template or "")
     # a BPE trained here learns the template's markup too (`<|im_start|>` becomes one id, not ten)
     texts = ("".join(s.text for s in builtin.segments(c.as_messages())) if builtin else
              "\n".join(m["content"] for m in c.as_messages()) for c in read.conversations)
     tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts)
-    return prepare_instructions(read, to, tokenizer, instruct).fields
+    fields = prepare_instructions(read, to, tokenizer, instruct).fields
+    fields["notes"] = notes + fields["notes"]
+    return fields
 
 
 def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: InstructOptions) -> InstructResult:
     """Render, mask, split and write conversations already read; the manifest's fields and the counts."""
     template = choose_template(options.template, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.max_id + 1)
     entries, files, stats = {}, {}, {}
+    copies = SplitCopies()
     for split, conversations in split_conversations(read.conversations, options).items():
+        for conversation in conversations:
+            copies.add(split, conversation.source, json.dumps(conversation.as_messages()))
         samples, stats[split] = encode_all(conversations, template, tokenizer, max_tokens=options.seq_len,
                                            too_long=options.too_long, mask_prompt=options.mask_prompt)
         read.problems += stats[split].problems  # skipped rows, listed with those the reader skipped
@@ -120,6 +178,7 @@ def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: I
         for sample in samples:
             writer.add(sample.ids, [int(t) for t in sample.trains])
         entries[split], side = writer.close()
+        entries[split]["unit"] = "conversations"
         files.update(side)
         if split != "train":
             files.update(_write_conversations(out, split, conversations))
@@ -128,7 +187,8 @@ def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: I
     fields = {
         "task": "causal_lm", "schema": text_schema(dtype, with_loss_mask=True), "splits": entries, "files": files,
         "tokenizer": tokenizer.describe(), "lengths": length_report(stats["train"].lengths, options.seq_len),
-        "notes": [], "skipped": {"count": read.skipped, "files": [_skipped(p) for p in read.problems[:1000]]},
+        "notes": repair_notes(read.repaired) + copies.notes(),
+        "skipped": {"count": read.skipped, "files": [_skipped(p) for p in read.problems[:1000]]},
         "instruct": {"format": read.format, "template": template_record(template), "seq_len": options.seq_len,
                      "too_long": options.too_long, "mask_prompt": options.mask_prompt,
                      "stats": {split: s.as_dict() for split, s in stats.items()}},
@@ -163,4 +223,12 @@ def summary_lines(manifest: dict[str, Any]) -> list[str]:
             f"samples; tokens carrying loss (assistant answers): {train['loss_share']:.1%}"
             + ("" if instruct["mask_prompt"] else " (prompt masking off: every token trains)"),
             f"longer than {instruct['seq_len']:,} tokens: {train['truncated']} truncated from the prompt side, "
-            f"{train['dropped_too_long']} dropped (--too-long {instruct['too_long']})"]
+            f"{train['dropped_too_long']} dropped (--too-long {instruct['too_long']}); "
+            f"{sum(s['dropped_no_answer'] for s in instruct['stats'].values())} dropped with an empty answer"
+            + _blank_context(instruct["stats"])]
+
+
+def _blank_context(stats: dict[str, dict[str, Any]]) -> str:
+    blank = sum(s.get("blank_answers_as_context", 0) for s in stats.values())
+    return f"; {blank} blank answer{'s' if blank > 1 else ''} of multi-turn chats kept as context (no loss)" \
+        if blank else ""

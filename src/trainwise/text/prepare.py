@@ -8,6 +8,7 @@ its fingerprint is in the manifest. Documents that cannot be read are named in t
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 
 from trainwise.data.shards import SPLITS
 from trainwise.errors import DataError
-from trainwise.text.corpus import Document, read_documents
+from trainwise.text.corpus import Document, SplitCopies, read_documents, repair_notes
 from trainwise.text.tokenizer import Tokenizer, resolve_tokenizer
 from trainwise.text.tokens import TOKENIZER_DIR, TokenSplitWriter, text_schema, token_dtype
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 ENCODE_BATCH = 256  # documents encoded in one call (the `tokenizers` library parallelises a batch)
 SKIPPED_LISTED = 1000  # skipped documents named in the manifest; the rest are counted
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
+TOKENIZER_FILE_BYTES = 256 * 2**20  # larger files of a model directory are weights, not tokenizer files
 
 
 def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions | None" = None, **kwargs: Any):
@@ -36,26 +39,45 @@ def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions 
     options = options or PrepareOptions()
     if options.kind not in ("auto", "text"):
         raise DataError(f"--kind {options.kind}: this source is prepared as text.")
-    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat, **kwargs)
+    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat,
+                   inputs=tokenizer_files_fingerprint(options.tokenizer), **kwargs)
+
+
+def tokenizer_files_fingerprint(spec: str | None) -> dict[str, str]:
+    """{"tokenizer_files": sha256 of a --tokenizer directory's files}: the prepared ids depend on what the
+    directory holds, not on its path, so a changed tokenizer is prepared again, never "up to date"."""
+    directory = Path(spec).expanduser() if spec not in (None, "bytes") else None
+    if directory is None or not directory.is_dir():
+        return {}
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.suffix not in WEIGHT_SUFFIXES
+                       and p.stat().st_size <= TOKENIZER_FILE_BYTES):  # a model's weights are not its tokenizer
+        digest.update(f"{path.name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    return {"tokenizer_files": digest.hexdigest()}
 
 
 def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
     """Instruction data (alpaca / sharegpt / messages JSONL, detected or named with --format: text/
     instruct_prepare.py) or raw text."""
-    from trainwise.text.instruct_prepare import looks_like_chat, prepare_chat
+    from trainwise.text.instruct_prepare import format_sample, prepare_chat
 
-    if options.chat_format != "auto" or looks_like_chat(source):
-        return prepare_chat(to, source, options)
-    return prepare_text(to, source, options)
+    sample = format_sample(source, options.text_field)  # chat or text, from the first rows (not the first alone)
+    notes = [sample.note] if sample.note else []
+    if options.chat_format != "auto" or sample.is_chat:
+        return prepare_chat(to, source, options, notes)
+    return prepare_text(to, source, options, notes)
 
 
-def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str, Any]:
-    """Write the token shards and tokenizer of `source` into `to`; the manifest's text-specific fields."""
+def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[str] | None = None
+                 ) -> dict[str, Any]:
+    """Write the token shards and tokenizer of `source` into `to`; the manifest's text-specific fields.
+    `notes`: what the caller found about the source, kept with the manifest's notes."""
     from trainwise.data.prepare import check_free_space
     from trainwise.data.splits import split_codes
     from trainwise.text.packing import length_report  # imports torch: only when text is prepared
 
-    names, chars, skipped = _survey(source, options.text_field)
+    repaired: list[str] = []
+    names, chars, skipped = _survey(source, options.text_field, repaired)
     if not names:
         listed = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:5])
         raise DataError(f"{source}: no usable document ({len(skipped)} skipped{': ' + listed if listed else ''}).")
@@ -63,27 +85,42 @@ def prepare_text(to: Path, source: Path, options: "PrepareOptions") -> dict[str,
     codes = np.zeros(1, np.int8) if by_position else split_codes(None, len(names), options)
     tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer,
                                   _texts(_pieces(source, options, codes, by_position), "train"))
-    dtype = token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.max_id + 1)
     check_free_space(to, chars * dtype.itemsize)  # at most one token per byte of text (byte-level)
     tokenizer.save(to / TOKENIZER_DIR)
     writers = {split: TokenSplitWriter(to, split, dtype, eos_id=tokenizer.eos_id) for split in SPLITS}
-    _encode_into(writers, _pieces(source, options, codes, by_position), tokenizer)
+    copies = SplitCopies()
+    _encode_into(writers, _pieces(source, options, codes, by_position), tokenizer, copies)
     splits, files = {}, {}
     for split, writer in writers.items():
         splits[split], side = writer.close()
+        splits[split]["unit"] = "parts of one document" if by_position else "documents"
         files.update(side)
+    _refuse_empty_training(splits["train"], len(names), by_position)
     lengths = np.diff(np.asarray(writers["train"].offsets))
-    notes = ["one document: split by position (the first part trains, the last parts validate and test)"] \
-        if by_position else []
+    notes = list(notes or []) + repair_notes(repaired) + copies.notes() + (
+        ["one document: split by position (the first part trains, the last parts validate and test)"]
+        if by_position else [])
     return {"task": "causal_lm", "schema": text_schema(dtype, False), "splits": splits, "files": files,
             "tokenizer": tokenizer.describe(), "lengths": length_report(lengths, options.seq_len), "notes": notes,
             "skipped": {"count": len(skipped), "files": skipped[:SKIPPED_LISTED]}}
 
 
-def _survey(source: Path, text_field: str) -> tuple[list[str], int, list[dict[str, str]]]:
-    """The usable documents' names, their total size in bytes, and the skipped ones with the reason."""
+def _refuse_empty_training(train: dict[str, Any], documents: int, by_position: bool) -> None:
+    """A training split without a token trains nothing: said here, not as a puzzle at `trainwise train`."""
+    if train["count"]:
+        return
+    where = ("the one document's first part is blank (it is split by position)" if by_position else
+             f"none of the {documents} usable documents went to training")
+    raise DataError(f"the training split holds no tokens: {where}. Give more text, or lower --val-fraction and "
+                    "--test-fraction.")
+
+
+def _survey(source: Path, text_field: str, repaired: list[str]) -> tuple[list[str], int, list[dict[str, str]]]:
+    """The usable documents' names, their total size in bytes, and the skipped ones with the reason;
+    `repaired` collects the rows kept with lone surrogates replaced."""
     names, size, skipped = [], 0, []
-    for document in read_documents(source, text_field):
+    for document in read_documents(source, text_field, repaired):
         if document.text is None:
             skipped.append({"file": document.name, "reason": document.problem or "unreadable"})
         else:
@@ -123,9 +160,10 @@ def _texts(pieces: Iterator[tuple[str, Document]], split: str) -> Iterator[str]:
 
 
 def _encode_into(writers: dict[str, TokenSplitWriter], pieces: Iterator[tuple[str, Document]],
-                 tokenizer: Tokenizer) -> None:
+                 tokenizer: Tokenizer, copies: SplitCopies) -> None:
     batch: list[tuple[str, Document]] = []
     for piece in pieces:
+        copies.add(piece[0], piece[1].name, piece[1].text or "")
         batch.append(piece)
         if len(batch) == ENCODE_BATCH:
             _write_batch(writers, batch, tokenizer)

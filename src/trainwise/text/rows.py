@@ -4,12 +4,17 @@ Parquet (read in row batches; nested columns come out as lists of dicts). Instru
 corpora (corpus.py) read through here.
 
 Each row comes with its source: `file:line` for JSONL, `file[index]` (0-based) for arrays and Parquet. A row
-that cannot be read is yielded as a `RowError` in its place, so callers name it and carry on; a file that
-cannot be read at all (a broken JSON array, a file that is not Parquet) is one RowError named by the file.
+that cannot be read is yielded as a `RowError` in its place, so callers name it and carry on (nesting deeper
+than Python's JSON reader goes, a number of more than 4,300 digits); a file that cannot be read at all (a
+broken JSON array, a file that is not Parquet) is one RowError named by the file. A UTF-8 byte-order mark at
+the start of a file is not data. A lone surrogate (`"\ud800"`, common in scraped JSON: half of a UTF-16 pair,
+which no tokenizer can encode) is replaced by U+FFFD and the row is kept: `read_rows` reports each such row
+to its `repaired` list, so prepare says which rows were changed.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +25,8 @@ JSONL_SUFFIXES = (".jsonl",)
 JSON_SUFFIXES = (".json",)
 ROW_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
 PARQUET_BATCH = 1024  # rows decoded at once: a large Parquet file is never held whole
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how JSON writes half of a UTF-16 pair
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what is left of one after decoding, when unpaired
 ROW_KEYS = ("messages", "conversations", "instruction", "output", "prompt", "completion", "text")
 
 
@@ -34,36 +41,75 @@ def is_row_file(path: Path) -> bool:
     return path.suffix.lower() in ROW_SUFFIXES
 
 
-def read_rows(path: Path, name: str | None = None) -> Rows:
-    """(source, row or RowError) for every row of `path`, in order; `name` is how sources name the file."""
+def read_rows(path: Path, name: str | None = None, repaired: list[str] | None = None) -> Rows:
+    """(source, row or RowError) for every row of `path`, in order; `name` is how sources name the file.
+    `repaired` collects "source (count)" for rows kept with lone surrogates replaced."""
     name = str(path) if name is None else name
     suffix = path.suffix.lower()
     if suffix in PARQUET_SUFFIXES:
         yield from _parquet_rows(path, name)
-    elif suffix in JSON_SUFFIXES:
-        yield from _json_rows(path, name)
-    else:
-        yield from _jsonl_rows(path, name)
+        return
+    rows = _json_rows(path, name) if suffix in JSON_SUFFIXES else _jsonl_rows(path, name)
+    for source, row in rows:
+        if isinstance(row, tuple):  # (row, lone surrogates replaced in it)
+            row, replaced = row
+            if repaired is not None:
+                repaired.append(f"{source} ({replaced})")
+        yield source, row
 
 
-def _jsonl_rows(path: Path, name: str) -> Rows:
+def _jsonl_rows(path: Path, name: str) -> Iterator[tuple[str, object]]:
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not part of the first row
             if not raw.strip():
                 continue  # blank lines between records are not rows
-            yield f"{name}:{number}", _parse_line(raw)
+            yield f"{name}:{number}", _repaired(_parse(raw), SURROGATE_ESCAPE.search(raw) is not None)
 
 
-def _parse_line(raw: bytes) -> object:
+def _repaired(row: object, escaped: bool) -> object:
+    """The row, or (row, count) with its lone surrogates replaced when it has any (`escaped`: the raw text
+    writes a surrogate; without one, nothing to look for)."""
+    if not escaped or isinstance(row, RowError):
+        return row
+    fixed, replaced = _without_lone_surrogates(row)
+    return (fixed, replaced) if replaced else row
+
+
+def _parse(raw: bytes) -> object:
+    """A parsed row, or a RowError saying why it cannot be read."""
     try:
-        return json.loads(raw.decode("utf-8"))
+        row = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         return RowError(f"not UTF-8 ({e.reason} at byte {e.start})")
     except json.JSONDecodeError as e:
-        return RowError(f"not valid JSON ({e.msg}, column {e.colno})")
+        where = f" at line {e.lineno}," if e.lineno > 1 else ","  # a .json file's lines; a JSONL row is one line
+        return RowError(f"not valid JSON ({e.msg}{where} column {e.colno})")
+    except RecursionError:
+        return RowError("nested deeper than a JSON reader can follow (thousands of brackets): not a row")
+    except ValueError as e:  # Python refuses integers of more than 4,300 digits (a denial-of-service guard)
+        return RowError(f"holds a number too long to read ({str(e).split(';')[0]})")
+    return row
 
 
-def _json_rows(path: Path, name: str) -> Rows:
+def _without_lone_surrogates(value: object) -> tuple[object, int]:
+    """`value` with every unpaired surrogate in its strings (keys too) replaced by U+FFFD, and how many."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.subn("\ufffd", value)
+    if isinstance(value, list):
+        pairs = [_without_lone_surrogates(item) for item in value]
+        return [item for item, _ in pairs], sum(n for _, n in pairs)
+    if isinstance(value, dict):
+        out, total = {}, 0
+        for key, item in value.items():
+            (key, k), (item, n) = _without_lone_surrogates(key), _without_lone_surrogates(item)
+            out[key], total = item, total + k + n
+        return out, total
+    return value, 0
+
+
+def _json_rows(path: Path, name: str) -> Iterator[tuple[str, object]]:
     """A .json file: an array of rows, {"key": [rows]}, one row object, or JSONL under a .json name."""
     data = path.read_bytes()
     try:
@@ -71,22 +117,22 @@ def _json_rows(path: Path, name: str) -> Rows:
     except UnicodeDecodeError as e:
         yield name, RowError(f"not UTF-8 ({e.reason} at byte {e.start})")
         return
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as e:
-        if text.lstrip().startswith("{"):  # JSONL named .json: each line is a row, broken lines named alone
-            yield from _jsonl_rows(path, name)
+    document = _parse(data.removeprefix(b"\xef\xbb\xbf"))
+    if isinstance(document, RowError):
+        if "not valid JSON" in str(document) and text.lstrip().startswith("{"):
+            yield from _jsonl_rows(path, name)  # JSONL named .json: each line is a row, broken lines named alone
         else:
-            yield name, RowError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file "
-                                 "holds an array of rows, or write one JSON object a line (JSONL)")
+            yield name, RowError(f"{document}; a .json file holds an array of rows, or write one JSON object a "
+                                 "line (JSONL)")
         return
     rows = _unwrap(document)
     if rows is None:
         yield name, RowError(f"a .json file must hold an array of row objects (or one object with a single list "
                              f"of them, like {{\"data\": [...]}}); this one holds {_describe(document)}")
         return
+    escaped = SURROGATE_ESCAPE.search(data) is not None
     for index, row in enumerate(rows):
-        yield f"{name}[{index}]", row
+        yield f"{name}[{index}]", _repaired(row, escaped)
 
 
 def _unwrap(document: object) -> list | None:

@@ -22,6 +22,8 @@ from trainwise.errors import ConfigError, DataError
 KIND_FILE = "trainwise_tokenizer.json"  # which of the kinds below a saved tokenizer directory holds
 SEQUENCE_FILE = "trainwise_sequence.json"  # a run's copy: the sequence length its model was built for
 END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")  # what a model directory's tokenizer is saved as
 
 
 def optional_module(name: str):
@@ -52,6 +54,11 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
+
+    @property
+    def max_id(self) -> int:
+        """The largest id this tokenizer can emit (what the token shards' storage type must hold)."""
+        return self.vocab_size - 1
 
     @property
     def fingerprint(self) -> str:
@@ -102,7 +109,7 @@ class BpeTokenizer(Tokenizer):
 
     def __init__(self, backend: Any):
         self.backend = backend
-        self.vocab_size = backend.get_vocab_size()
+        self.vocab_size = max(backend.get_vocab_size(), max(backend.get_vocab().values(), default=-1) + 1)
         self.eos_id = self.pad_id = backend.token_to_id(END_OF_TEXT)
 
     @classmethod
@@ -145,7 +152,9 @@ class ModelTokenizer(Tokenizer):
 
     def __init__(self, backend: Any):
         self.backend = backend
-        self.vocab_size = len(backend)
+        # ids need not be dense: a vocabulary may hold an id above len(tokenizer) (a model's reserved rows)
+        largest = max([*backend.get_vocab().values(), *getattr(backend, "added_tokens_decoder", {})], default=-1)
+        self.vocab_size = max(len(backend), largest + 1)
         self.eos_id = backend.eos_token_id
         self.pad_id = backend.pad_token_id if backend.pad_token_id is not None else backend.eos_token_id
         self.chat_template = getattr(backend, "chat_template", None)
@@ -156,12 +165,21 @@ class ModelTokenizer(Tokenizer):
         if not path.is_dir():
             raise ConfigError(f"{path}: not a directory; give a local model directory holding its tokenizer "
                               "(tokenizer.json or tokenizer_config.json).")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            held = "a config.json but " if (path / "config.json").is_file() else ""
+            raise ConfigError(f"{path}: holds {held}no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}). Give "
+                              "the directory the model's tokenizer is in (an export keeps it beside the weights), "
+                              "or use --tokenizer bytes / --train-tokenizer 8000.")
         transformers = optional_module("transformers")
         try:
             backend = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{path}: no tokenizer transformers can read ({error}). Give a model directory "
-                              "with tokenizer.json, or use --tokenizer bytes / --train-tokenizer 8000.") from None
+        except Exception as error:  # a malformed tokenizer.json raises KeyError, TypeError, tokenizers' own...
+            raise DataError(f"{path}: its tokenizer files cannot be read by transformers ({type(error).__name__}: "
+                            f"{str(error)[:200]}); tokenizer.json or tokenizer_config.json is damaged or not a "
+                            "tokenizer. Restore them from the model's source, or use --tokenizer bytes.") from None
+        if len(backend) < 2:
+            raise DataError(f"{path}: its tokenizer has {len(backend)} id; that is not a model's tokenizer. Give the "
+                            "directory holding the model's tokenizer.json, or use --tokenizer bytes.")
         return cls(backend)
 
     def encode(self, text: str) -> list[int]:
@@ -196,8 +214,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if kind == "bytes":
         tokenizer: Tokenizer = ByteTokenizer()
     elif kind == "bpe":
-        tokenizers = optional_module("tokenizers")
-        tokenizer = BpeTokenizer(tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json")))
+        tokenizer = BpeTokenizer(_bpe_backend(directory / "tokenizer.json"))
     elif kind == "hf":
         tokenizer = ModelTokenizer.from_directory(directory)
     else:
@@ -207,6 +224,15 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
                         f"{tokenizer.fingerprint[:12]}, recorded {str(saved['fingerprint'])[:12]}); restore them or "
                         "prepare the dataset again.")
     return tokenizer
+
+
+def _bpe_backend(path: Path) -> Any:
+    tokenizers = optional_module("tokenizers")
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as error:  # the `tokenizers` library raises a bare Exception for a malformed file
+        raise DataError(f"{path}: not a tokenizer file the `tokenizers` library can read ({str(error)[:200]}); "
+                        "prepare the dataset again.") from None
 
 
 def resolve_tokenizer(spec: str | None, train_size: int | None, texts: Iterable[str] | None = None) -> Tokenizer:

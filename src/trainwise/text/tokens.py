@@ -4,7 +4,7 @@
 DIR/
   manifest.json               kind "text": the tokenizer's fingerprint, per split the token and document counts
   tokenizer/                  the tokenizer that made the ids (text/tokenizer.py), read back by training
-  train/tokens-00000.npy      the split's documents one after another, uint16 (vocabulary <= 65,536) or uint32
+  train/tokens-00000.npy      the split's documents one after another, uint16 (largest id <= 65,535) or uint32
   train/loss_mask-00000.npy   optional (instruction data): 1 where a token is a target, 0 where it is prompt
   train/documents.npy         int64 offsets: document i is tokens[offsets[i]:offsets[i + 1]] of the split
   val/...  test/...
@@ -32,9 +32,10 @@ TOKENS_PER_SHARD = 1 << 26  # 128 MiB of uint16 a shard file
 TOKENIZER_DIR = "tokenizer"
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest unsigned type that holds every id."""
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+def token_dtype(id_count: int) -> np.dtype:
+    """The narrowest unsigned type that holds ids 0..id_count-1. Give the largest id the tokenizer can emit
+    plus one (`tokenizer.max_id + 1`), not its length: a vocabulary may leave gaps below its largest id."""
+    return np.dtype(np.uint16) if id_count <= 1 << 16 else np.dtype(np.uint32)
 
 
 def documents_file(split: str) -> str:
@@ -62,12 +63,22 @@ class TokenSplitWriter:
             raise ValueError(f"a loss mask of {len(mask)} for {len(tokens)} tokens")
         if self.eos_id is not None and (len(tokens) == 0 or tokens[-1] != self.eos_id):
             tokens, mask = np.append(tokens, self.eos_id), np.append(mask, 1 if len(mask) == 0 else mask[-1])
+        self._check_range(tokens)
         self._tokens.append(tokens.astype(self.dtype))
         self._masks.append(mask)
         self._buffered += len(tokens)
         self.offsets.append(self.offsets[-1] + len(tokens))
         while self._buffered >= self.tokens_per_shard:
             self._flush(self.tokens_per_shard)
+
+    def _check_range(self, tokens: np.ndarray) -> None:
+        """Every id must fit the storage type: a cast would wrap an id above it onto another word."""
+        if len(tokens) and (int(tokens.max()) > np.iinfo(self.dtype).max or int(tokens.min()) < 0):
+            bad = int(tokens.max()) if int(tokens.max()) > np.iinfo(self.dtype).max else int(tokens.min())
+            raise DataError(f"document {len(self.offsets)} of the {self.split} split has token id {bad:,}, which "
+                            f"{self.dtype.name} token shards cannot hold (0 to {np.iinfo(self.dtype).max:,}): the "
+                            "tokenizer emits ids beyond the largest it declares. Nothing was stored wrapped; report "
+                            "the tokenizer, or prepare with --tokenizer bytes.")
 
     def close(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         if self._buffered or not self.shards:

@@ -13,11 +13,14 @@ the progress line says so instead of printing a number).
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torch import nn
 
+from trainwise.errors import TrainwiseWarning
+from trainwise.text.run_checks import check_language_run
 from trainwise.text.tokenizer import record_sequence_length
 from trainwise.train.callbacks import Callback
 from trainwise.train.step import MicroBatch, is_token_batch
@@ -135,3 +138,11 @@ class KeepTokenizer(Callback):
         shutil.copytree(self.source, partial)
         record_sequence_length(partial, self.seq_len)
         partial.rename(target)
+
+
+def check_text_run(bundle, model: nn.Module, kept_tokenizer: Path | None) -> None:
+    """Before step 1 and before anything is written: text/run_checks.py refuses a run whose data, model and
+    kept tokenizer (`kept_tokenizer`: RUN/tokenizer of a run being resumed) disagree; its warnings are said."""
+    for warning in check_language_run(bundle, model, kept_tokenizer if kept_tokenizer and kept_tokenizer.is_dir()
+                                      else None):
+        warnings.warn(warning, TrainwiseWarning, stacklevel=2)
