@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 
 from tests.conftest import assert_refused, invoke  # noqa: E402
 from trainwise.llm import methods  # noqa: E402
-from trainwise.plan.llm_advice import candidate_levers  # noqa: E402
+from trainwise.plan.llm_levers import candidate_levers  # noqa: E402
 from trainwise.plan.llm_plan import estimate_lm, trace_lm, traced_depths  # noqa: E402
 from trainwise.plan.llm_step import LmJob, lm_step  # noqa: E402
 from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
@@ -111,7 +111,7 @@ def test_a_lever_in_use_is_never_offered():
     assert not any(n.startswith(("gradient checkpointing", "chunked", "LoRA", "pure bf16", "8-bit")) for n in names)
     assert any(n.startswith("QLoRA") for n in names)
     everything = {name for name, *_ in candidate_levers(job(method="full", seq_len=1024))}
-    assert len(everything) == 7
+    assert len(everything) == 8  # checkpointing, chunked loss, 8-bit AdamW, bf16, LoRA, freeze, QLoRA, context
 
 
 def test_plan_cli_reads_a_model_directory_and_reports_trainable_parameters(tmp_path, capsys):
@@ -137,9 +137,22 @@ def test_an_unknown_config_path_is_refused(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(tmp_path / "nope" / "config.json")), "never downloads")
 
 
-def test_overrides_on_a_model_are_refused_not_ignored(capsys):
-    assert_refused(invoke(capsys, "plan", "llama-3.2-1b", "model.lora.dropout=0"), "KEY=VALUE overrides change a "
-                   "recipe", "--lora-rank")
+def test_overrides_on_a_model_are_applied_not_ignored(tmp_path, capsys):
+    """`plan MODEL key=value` is a RunConfig with that key set (issue 36): the override reaches the job."""
+    config = _tiny_config_dir(tmp_path)
+    result = invoke(capsys, "plan", str(config), "--method", "lora", "--seq-len", "16", "--batch", "2", "--gpu",
+                    "T4", "model.lora.rank=4", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["job"]["lora"]["rank"] == 4
+    assert_refused(invoke(capsys, "plan", str(config), "model.nonsense=1"), "nonsense")
+
+
+def _tiny_config_dir(tmp_path):
+    from trainwise.llm import hf
+    config = hf.resolve_config("qwen2.5-0.5b", **{k: v for k, v in TINY.items() if k != "head_dim"})
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config.to_dict()))
+    return tmp_path / "model"
 
 
 def test_each_region_of_the_step_is_extended_on_its_own_line():
