@@ -192,3 +192,44 @@ def test_a_mixture_of_experts_model_plans_to_the_cpu_allocators_peak(method):
     traced = trace_lm(planned, 2, device_kind="cpu")
     real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
     assert traced.peak_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_the_sft_lora_recipe_and_plan_model_method_lora_are_the_same_job():
+    """`plan sft-lora model.hf_config=M` and `plan M --method lora` (no --dtype, no --checkpointing) describe one
+    job: the recipe's bf16 base, checkpointing and batch are the flags' defaults (issue 34 / 36)."""
+    from trainwise.plan.llm_job import lm_config, lm_job_from_config
+    from trainwise.recipes import load_recipe
+
+    recipe, _ = lm_job_from_config(load_recipe("sft-lora", ["model.hf_config=llama-3.1-8b", "data.seq_len=2048"]))
+    flags, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora"}))
+    assert recipe == flags and flags.dtype == "bf16" and flags.gradient_checkpointing
+    full, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "full"}))
+    assert full.dtype == "fp32" and not full.gradient_checkpointing  # fp32 master weights, bf16 autocast
+    given, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora", "dtype": "fp32"},
+                                            ["model.gradient_checkpointing=false"]))
+    assert given.dtype == "fp32" and not given.gradient_checkpointing  # flags and overrides win
+
+
+def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
+    """When no lever alone fits the card asked about and two together do, the plan says so before FSDP or a
+    bigger card."""
+    from types import SimpleNamespace
+
+    from trainwise.plan import llm_levers
+    from trainwise.plan.llm_levers import Lever
+
+    def traced(est, chosen, gpus, gpu, base_s):
+        names = {c[0] for c in chosen}
+        fits = ("Small",) if names == {"gradient checkpointing", "QLoRA (4-bit base, CUDA + bitsandbytes)"} else ()
+        return Lever(" + ".join(sorted(names)), "", 10, 1.0 + len(names), fits, any(c[3] for c in chosen),
+                     levers=len(chosen))
+
+    small = SimpleNamespace(name="Small", memory_bytes=8 * 2**30)
+    monkeypatch.setattr(llm_levers, "_traced", traced)
+    monkeypatch.setattr(llm_levers, "lever_seconds", lambda est, job, gpu: 1.0)
+    monkeypatch.setattr(llm_levers, "hardware_levers", lambda est, gpu, catalogue: [Lever("FSDP", "", 1, 0.5,
+                                                                                           ("Small",), hardware=True)])
+    monkeypatch.setattr(llm_levers, "combine", lambda *args: None)
+    est = SimpleNamespace(job=job(method="lora", dtype="bf16", seq_len=1024))
+    levers, _ = llm_levers.rank_levers(est, (small,))
+    assert levers[0].levers == 2 and "gradient checkpointing" in levers[0].name and levers[1].name == "FSDP"

@@ -48,6 +48,7 @@ def lm_config(model: str, flags: dict[str, Any], overrides: list[str] = ()) -> R
         raw["model"]["lora"] = {"rank": flags["lora_rank"], "alpha": 2.0 * flags["lora_rank"]}
     raw["data"].setdefault("seq_len", DEFAULT_SEQ_LEN)
     raw["train"].setdefault("batch_size", DEFAULT_BATCH)
+    raw["train"].setdefault("micro_batch_size", "auto")  # each card: the most sequences that fit it
     raw["train"].setdefault("epochs", 1)  # the run's length is --steps or --tokens; a config needs one
     for item in overrides:
         apply_override(raw, item)
