@@ -93,3 +93,10 @@ def test_more_cards_and_a_bigger_card_are_levers_when_the_job_fits_no_card_asked
 
 def test_pasted_card_names_stay_one_argument():
     assert llm_levers.gpu_flag("H100 PCIe") == '--gpu "H100 PCIe"' and llm_levers.gpu_flag("T4") == "--gpu T4"
+
+
+def test_fewer_cards_than_an_instance_holds_pay_for_the_instance():
+    h100 = next(g for g in CATALOGUE if g.name == "H100 SXM")
+    four = layout_price(h100, 4, load_prices(), "USD", hours=2.0)
+    assert four.per_hour == pytest.approx(23.92) and four.per_card_hour == pytest.approx(23.92 / 8)
+    assert four.run == pytest.approx(2 * 23.92)

@@ -98,8 +98,8 @@ def floor_seconds(work: StepWork, gpu: Gpu, precision: str, batch: int, micro: i
 
 @dataclass(frozen=True)
 class Price:
-    per_hour: float  # the layout's cards, in the plan's currency
-    per_card_hour: float
+    per_hour: float  # what is rented for the layout (whole instances), in the plan's currency
+    per_card_hour: float  # one card of that offer
     offer: str  # provider and instance
     run: float | None  # the whole run, when its length is known
 
@@ -118,8 +118,8 @@ def layout_price(gpu: Gpu, cards: int, prices: PriceList, currency: str, hours: 
         hourly = instances * convert(offer.on_demand_hour, offer.currency, currency, rates)
         if best is None or hourly < best[0]:
             name = f"{instances} x " if instances > 1 else ""
-            best = (hourly, f"{name}{offer.provider} {offer.instance}")
+            best = (hourly, hourly / (instances * offer.gpus), f"{name}{offer.provider} {offer.instance}")
     if best is None:
         return None
-    hourly, where = best
-    return Price(hourly, hourly / cards, where, hourly * hours if hours is not None else None)
+    hourly, per_card, where = best
+    return Price(hourly, per_card, where, hourly * hours if hours is not None else None)
