@@ -11,6 +11,7 @@ from trainwise.plan.catalog import Gpu, PriceList
 from trainwise.plan.llm_plan import LmEstimate, advice_estimates
 from trainwise.plan.llm_step import LmJob
 from trainwise.plan.llm_time import StepWork, layout_price, step_seconds
+from trainwise.plan.timing import TRAFFIC_PER_BYTE_WRITTEN
 from trainwise.plan.memory import StepTrace
 
 LAYOUT_CARDS = (1, 2, 4, 8, 16, 32, 64)
@@ -72,8 +73,16 @@ def work_of(trace: StepTrace, job: LmJob, weight_bytes: float, trainable_bytes: 
     return StepWork(flops=flops if flops is not None else trace.micro_batch_flops,
                     bytes_written=trace.micro_batch_bytes_written, ops=trace.micro_batch_ops,
                     weight_reads=passes * weight_bytes,
-                    optimizer_bytes=trace.optimizer_bytes_written, optimizer_ops=trace.optimizer_ops,
+                    optimizer_bytes=optimizer_traffic(trace, trainable_bytes), optimizer_ops=trace.optimizer_ops,
                     gathered_bytes=weight_bytes, gradient_bytes=trainable_bytes, trainable_weights=trainable)
+
+
+def optimizer_traffic(trace: StepTrace, trainable_bytes: float) -> float:
+    """Bytes the optimizer step moves: the weights, their gradients and the state read, the weights and the
+    state written back in place (what a fused kernel does without writing a new tensor), or the traced
+    outputs' traffic when that is more (clipping's temporaries, an unfused optimizer)."""
+    in_place = 2 * (trace.optimizer_state_bytes + trainable_bytes) + trainable_bytes
+    return max(trace.optimizer_bytes_written * TRAFFIC_PER_BYTE_WRITTEN, in_place)
 
 
 def work_at(est: LmEstimate, micro: int) -> StepWork:

@@ -6,6 +6,8 @@ layout costs — one number per layout, bounded below by physics:
   backward and recomputation + QLoRA's dequantised copies) / (bandwidth x BANDWIDTH_UTILISATION);
 - eager PyTorch's launches: ops x GPU_OP_OVERHEAD_S, hidden behind the card's work when that is longer (kernels
   are queued asynchronously), so a LoRA step pays its extra small matmuls as what they are, not twice;
+- the optimizer step: AdamW reads each trainable weight, its gradient and both moments and writes the weight
+  and the moments back (in place: a fused kernel writes no new tensor the trace could count);
 - FSDP: every micro-batch all-gathers the parameters in forward and again in backward, and reduce-scatters the
   trainable gradients, over the card's link (PCIe or NVLink, gpus.yaml); overlapped with compute, so a
   micro-batch takes the longer of the two, never less than its share of one card's work;
@@ -41,7 +43,7 @@ class StepWork:
     bytes_written: float  # op outputs of a micro-batch
     ops: float  # aten ops (kernel launches) of a micro-batch
     weight_reads: float  # parameter bytes read by a micro-batch's matmuls (all passes)
-    optimizer_bytes: float
+    optimizer_bytes: float  # memory traffic of clipping + the optimizer step (bytes moved)
     optimizer_ops: float
     gathered_bytes: float  # what FSDP gathers per pass: every parameter as stored
     gradient_bytes: float  # trainable gradients: what FSDP reduce-scatters
@@ -64,7 +66,7 @@ def micro_batch_seconds(work: StepWork, gpu: Gpu, precision: str) -> tuple[float
 
 
 def optimizer_seconds(work: StepWork, gpu: Gpu, cards: int) -> float:
-    traffic = work.optimizer_bytes * TRAFFIC_PER_BYTE_WRITTEN / (gpu.bandwidth_gbs * 1e9 * BANDWIDTH_UTILISATION)
+    traffic = work.optimizer_bytes / (gpu.bandwidth_gbs * 1e9 * BANDWIDTH_UTILISATION)
     return max(traffic / cards, work.optimizer_ops * GPU_OP_OVERHEAD_S)
 
 
