@@ -119,22 +119,33 @@ def trainer_peak(job, config_path: Path, run_dir: Path) -> tuple[int, int]:
     return cpu_peaks(fit, within=STEP_RANGE)
 
 
+def lm_job(**fields):
+    """The traced job with the fields a case sets; the others as every case here ran them (LmJob has no defaults:
+    in `plan` they come from the RunConfig)."""
+    from trainwise.llm.methods import LoraSettings
+    from trainwise.plan.llm_step import LmJob
+
+    return LmJob(**{**dict(seq_len=2048, batch_size=16, micro_batch_size=None, method="full", trainable_blocks=2,
+                           lora=LoraSettings(), dtype="fp32", precision="bf16", optimizer="adamw",
+                           gradient_checkpointing=False, loss_chunk_size=None, grad_clip_norm=1.0), **fields})
+
+
 def truth_on_cpu() -> dict:
     import tempfile
 
+    from trainwise.llm import hf
     from trainwise.plan.llm_plan import model_facts, trace_lm
-    from trainwise.plan.llm_step import LmJob
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for family, (name, overrides) in FAMILIES.items():
             config_path = Path(scratch) / family / "config.json"
             config_path.parent.mkdir(parents=True)
-            config_path.write_text(LmJob(model=name, overrides=overrides).config().to_json_string())
+            config_path.write_text(hf.resolve_config(name, **overrides).to_json_string())
             for seq_len in (64, 128):
                 for setting, fields in SETTINGS.items():
                     for checkpointing in (False, True):
-                        job = LmJob(model=str(config_path), seq_len=seq_len, batch_size=2,
+                        job = lm_job(model=str(config_path), seq_len=seq_len, batch_size=2,
                                     gradient_checkpointing=checkpointing, **fields)
                         planned = trace_lm(job, 2, device_kind="cpu", count_flops=False).peak_bytes
                         real, fit = trainer_peak(job, config_path, Path(scratch) / "runs")
@@ -144,7 +155,7 @@ def truth_on_cpu() -> dict:
                         print(f"{family:12} {setting:24} ckpt={checkpointing!s:5} T={seq_len:4} plan "
                               f"{planned / 2**20:8.2f} MiB real {real / 2**20:8.2f} MiB (fit {fit / 2**20:8.2f}) "
                               f"{rows[-1]['error']:+.2%}", flush=True)
-            facts = model_facts(LmJob(model=name, overrides=overrides))
+            facts = model_facts(lm_job(model=name, overrides=overrides))
             rows.append({"family": family, "parameters": facts.total_parameters})
     return summarise(rows)
 
@@ -186,13 +197,12 @@ PUBLISHED = [  # (source, setting, figure GiB, job fields, what differs)
 def published_setups() -> list[dict]:
     from trainwise.llm.methods import LoraSettings
     from trainwise.plan.llm_plan import trace_lm
-    from trainwise.plan.llm_step import LmJob
 
     out = []
     for source, setting, figure_gib, fields, differs in PUBLISHED:
         fields = dict(fields)
         rank = fields.pop("lora_rank", 16)
-        job = LmJob(lora=LoraSettings(rank=rank, alpha=2.0 * rank), **fields)
+        job = lm_job(lora=LoraSettings(rank=rank, alpha=2.0 * rank), **fields)
         started = time.perf_counter()
         trace = trace_lm(job, job.micro, count_flops=False)
         gradients = trace.breakdown.get("gradients", 0)

@@ -23,10 +23,16 @@ TINY = dict(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_atte
             head_dim=16, vocab_size=512)  # ~0.2M parameters
 
 
+# what LmJob needs beyond the fields a test sets (it has no defaults: a RunConfig's come from the schema)
+JOB_FIELDS = dict(micro_batch_size=None, method="full", trainable_blocks=2, lora=methods.LoraSettings(),
+                  dtype="fp32", precision="bf16", optimizer="adamw", gradient_checkpointing=False,
+                  loss_chunk_size=None, grad_clip_norm=1.0)
+
+
 def job(**changes) -> LmJob:
     base = dict(model="llama-3.1-8b", seq_len=32, batch_size=2, overrides=TINY, dtype="fp32", precision="fp32",
                 trainable_blocks=1)
-    return LmJob(**{**base, **changes})
+    return LmJob(**{**JOB_FIELDS, **base, **changes})
 
 
 @pytest.mark.parametrize("changes", [dict(method="full", gradient_checkpointing=True), dict(method="lora"),
@@ -88,7 +94,7 @@ def test_a_factory_that_casts_and_wraps_with_peft_plans():
 
 
 def test_tied_weights_are_counted_once():
-    planned = LmJob("gpt2", seq_len=16, batch_size=1, overrides=dict(n_layer=2, n_embd=64, n_head=4,
+    planned = LmJob(**JOB_FIELDS, model="gpt2", seq_len=16, batch_size=1, overrides=dict(n_layer=2, n_embd=64, n_head=4,
                                                                       vocab_size=512, n_positions=64))
     est = estimate_lm(planned)
     assert est.facts.total_parameters == est.facts.trainable_parameters
@@ -188,7 +194,8 @@ def test_a_mixture_of_experts_model_plans_to_the_cpu_allocators_peak(method):
     """Mixtral-style routing (top-k experts, grouped matmuls over fused expert weights) traces on fake tensors."""
     from tests.llm.test_models import MOE
 
-    planned = LmJob(model=MOE, seq_len=32, batch_size=2, dtype="fp32", precision="fp32", method=method)
+    planned = LmJob(**{**JOB_FIELDS, "model": MOE, "seq_len": 32, "batch_size": 2, "dtype": "fp32",
+                       "precision": "fp32", "method": method})
     traced = trace_lm(planned, 2, device_kind="cpu")
     real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
     assert traced.peak_bytes == pytest.approx(real, rel=0.01)
