@@ -129,6 +129,7 @@ def test_an_8b_lora_plans_a_bf16_base_that_fits_a_4090_and_full_adamw_does_not_f
     needed = layouts["RTX 4090"]["needed_bytes"] / 2**30
     assert 12 <= needed <= 24 and layouts["RTX 4090"]["fits"]
     assert layouts["RTX 4090"]["price_per_hour"] > 0 and layouts["RTX 4090"]["tokens_per_s"] > 0
+    _assert_no_layout_beats_its_flops_at_peak(lora)
     full = lm_plan(capsys, "llama-3.1-8b", "--method", "full", "--seq-len", "2048", "--batch", "2", "--gpu",
                    "A100-40GB", "--no-checkpointing", "--steps", "100")
     assert full["job"]["dtype"] == "fp32"  # fp32 master weights under bf16 autocast
@@ -137,6 +138,15 @@ def test_an_8b_lora_plans_a_bf16_base_that_fits_a_4090_and_full_adamw_does_not_f
     fsdp = next(row for row in full["layouts"] if row["fits"])
     assert fsdp["run_cost"] == pytest.approx(fsdp["price_per_hour"] * fsdp["run_hours"])
     assert fsdp["run_hours"] == pytest.approx(100 * fsdp["step_time_s"] / 3600)
+    _assert_no_layout_beats_its_flops_at_peak(full)
+
+
+def _assert_no_layout_beats_its_flops_at_peak(report):
+    from trainwise.plan.catalog import load_gpus
+    cards = {gpu.name: gpu for gpu in load_gpus()}
+    for row in report["layouts"]:
+        peak = cards[row["card"]].peak_tflops(row["precision"]) * 1e12
+        assert row["step_time_s"] * row["cards"] >= report["flops_per_step"] / peak, row
 
 
 def test_list_models_stands_alone_with_column_headers(capsys):
