@@ -72,7 +72,6 @@ def plan(
     from trainwise.cli.plan_llm import language_model_plan, list_catalogue, lm_recipe_plan
     from trainwise.plan.catalog import parse_rates
     from trainwise.plan.planner import PlanRequest, make_plan
-    from trainwise.recipes import load_recipe
 
     if list_models:
         return list_catalogue()
@@ -86,7 +85,7 @@ def plan(
                  tokens=int(tokens) if tokens else None)
     if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json, overrides or [], money):
         return None
-    config = load_recipe_or_model(recipe, overrides or [], load_recipe)
+    config = load_recipe_or_model(recipe, overrides or [])
     if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json, money):
         return None
     request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
@@ -99,9 +98,10 @@ def plan(
     print_report(report, Console())
 
 
-def load_recipe_or_model(name: str, overrides: list[str], load_recipe):
+def load_recipe_or_model(name: str, overrides: list[str]):
     """The recipe `name` names; a name that is neither a recipe nor a model says where both are listed."""
     from trainwise.errors import ConfigError
+    from trainwise.recipes import load_recipe
     try:
         return load_recipe(name, overrides)
     except ConfigError as error:

@@ -100,7 +100,8 @@ def work_at(est: LmEstimate, micro: int) -> StepWork:
         return getattr(low, name) + (getattr(high, name) - getattr(low, name)) * share
 
     facts = est.facts
-    base = work_of(low, est.job, facts.weight_bytes, facts.trainable_bytes, facts.trainable_parameters)
+    # the trace's weights as stored (QLoRA's packed 4-bit ones; facts count them unquantised)
+    base = work_of(low, est.job, low.parameter_bytes, facts.trainable_bytes, facts.trainable_parameters)
     return StepWork(**{**base.__dict__, "flops": line("micro_batch_flops"),
                        "bytes_written": line("micro_batch_bytes_written"), "ops": line("micro_batch_ops")})
 

@@ -84,9 +84,10 @@ def lever_seconds(est: LmEstimate, job: LmJob, gpu: Gpu) -> float:
     else:
         same_work = job.with_changes(optimizer=est.job.optimizer, dtype=est.job.dtype) == est.job
         trace = peak_at_micro_one(job, count_flops=not same_work)
-        facts = est.facts
-        weights = trace.breakdown.get("parameters", facts.weight_bytes)
-        work = work_of(trace, job, weights, trace.parameter_bytes, trace.parameter_count,
+        # the trace's parameter_bytes is every weight as stored; the optimizer's share: the trainable elements in
+        # their dtype (bf16 weights train in bf16; adapters and fp32 master weights in fp32)
+        element = 2 if job.dtype == "bf16" and job.method in ("full", "freeze") else 4
+        work = work_of(trace, job, trace.parameter_bytes, trace.parameter_count * element, trace.parameter_count,
                        flops=base.micro_batch_flops if same_work else None)
     return step_seconds(work, gpu, card_precision(job, gpu), job.batch_size, 1).seconds
 
