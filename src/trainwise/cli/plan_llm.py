@@ -37,14 +37,8 @@ def lm_recipe_plan(config, gpus: tuple[str, ...], max_gpus: int, as_json: bool, 
     """Plan a config whose model is a language model (model.hf or model.hf_config) (True), else False."""
     if not (config.model.hf or config.model.hf_config):
         return False
-    from trainwise.plan.catalog import prices_in
-    from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS, lm_job_from_config
-    from trainwise.plan.llm_report import make_lm_plan
-    money = dict(money or {})
-    job, notes = lm_job_from_config(config, optimizer if optimizer in PLAN_ONLY_OPTIMIZERS else None)
-    prices, currency = prices_in(money.get("currency", "USD"), money.get("prices_file"), money.get("rates"))
-    _show(make_lm_plan(job, gpus, max_gpus, notes=notes, prices=prices, currency=currency,
-                       steps=money.get("steps"), tokens=money.get("tokens")), as_json)
+    from trainwise.plan.llm_report import plan_language_model
+    _show(plan_language_model(config, gpus, max_gpus, money, optimizer), as_json)
     return True
 
 

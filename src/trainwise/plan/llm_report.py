@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from trainwise.plan.catalog import Gpu, PriceList, find_gpus, load_gpus
+from trainwise.config import RunConfig
+from trainwise.plan.catalog import Gpu, PriceList, find_gpus, load_gpus, prices_in
 from trainwise.plan.llm_advice import LmAdvice, card_budget, host_ram, layouts, offload_ram
-from trainwise.plan.llm_job import check_job, job_notes
+from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS, check_job, job_notes, lm_job_from_config
 from trainwise.plan.llm_levers import rank_levers
 from trainwise.plan.llm_plan import LmEstimate, as_dict, estimate_lm
 from trainwise.plan.llm_step import LmJob
@@ -46,6 +47,18 @@ class LmPlanReport:
             "combined_levers": asdict(self.advice.combined) if self.advice.combined else None,
             "planning_seconds": self.seconds, "notes": self.notes,
         }
+
+
+def plan_language_model(config: RunConfig, gpu_names: tuple[str, ...] = (), max_gpus: int = 8,
+                        money: dict | None = None, optimizer: str | None = None) -> LmPlanReport:
+    """The plan of a RunConfig whose model is a language model (model.hf or model.hf_config): `plan MODEL ...`
+    and a recipe naming one both come here. `money`: prices_file, currency, rates, steps, tokens (the CLI's
+    options); `optimizer`: a plan-only optimizer (adamw8bit) in place of optim.name."""
+    money = dict(money or {})
+    job, notes = lm_job_from_config(config, optimizer if optimizer in PLAN_ONLY_OPTIMIZERS else None)
+    prices, currency = prices_in(money.get("currency", "USD"), money.get("prices_file"), money.get("rates"))
+    return make_lm_plan(job, gpu_names, max_gpus, notes=notes, prices=prices, currency=currency,
+                        steps=money.get("steps"), tokens=money.get("tokens"))
 
 
 def make_lm_plan(job: LmJob, gpu_names: tuple[str, ...] = (), max_gpus: int = 8, advice: bool = True,
