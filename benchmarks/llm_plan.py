@@ -5,8 +5,10 @@
     GPT-2-, Llama- and Qwen-style configs, x methods x checkpointing x two sequence lengths.
 (2) The plans of published measured setups (torchtune's README, LLaMA-Factory's table) beside their figures.
 (3) Plan time and peak RSS for 8B and 70B configs, each in a fresh process.
+(4) Planned step times of published throughput measurements beside their tokens/s (torchtune's README table on
+    one RTX 4090; torchtitan's Llama-3.1-8B on 8 H100s): the ratio, nothing tuned to match.
 
-Run: PYTHONPATH=src python benchmarks/llm_plan.py [--part truth|published|speed ...]  (default: all three)
+Run: PYTHONPATH=src python benchmarks/llm_plan.py [--part truth|published|speed|throughput ...]  (default: all)
 """
 from __future__ import annotations
 
@@ -117,22 +119,33 @@ def trainer_peak(job, config_path: Path, run_dir: Path) -> tuple[int, int]:
     return cpu_peaks(fit, within=STEP_RANGE)
 
 
+def lm_job(**fields):
+    """The traced job with the fields a case sets; the others as every case here ran them (LmJob has no defaults:
+    in `plan` they come from the RunConfig)."""
+    from trainwise.llm.methods import LoraSettings
+    from trainwise.plan.llm_step import LmJob
+
+    return LmJob(**{**dict(seq_len=2048, batch_size=16, micro_batch_size=None, method="full", trainable_blocks=2,
+                           lora=LoraSettings(), dtype="fp32", precision="bf16", optimizer="adamw",
+                           gradient_checkpointing=False, loss_chunk_size=None, grad_clip_norm=1.0), **fields})
+
+
 def truth_on_cpu() -> dict:
     import tempfile
 
+    from trainwise.llm import hf
     from trainwise.plan.llm_plan import model_facts, trace_lm
-    from trainwise.plan.llm_step import LmJob
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for family, (name, overrides) in FAMILIES.items():
             config_path = Path(scratch) / family / "config.json"
             config_path.parent.mkdir(parents=True)
-            config_path.write_text(LmJob(model=name, overrides=overrides).config().to_json_string())
+            config_path.write_text(hf.resolve_config(name, **overrides).to_json_string())
             for seq_len in (64, 128):
                 for setting, fields in SETTINGS.items():
                     for checkpointing in (False, True):
-                        job = LmJob(model=str(config_path), seq_len=seq_len, batch_size=2,
+                        job = lm_job(model=str(config_path), seq_len=seq_len, batch_size=2,
                                     gradient_checkpointing=checkpointing, **fields)
                         planned = trace_lm(job, 2, device_kind="cpu", count_flops=False).peak_bytes
                         real, fit = trainer_peak(job, config_path, Path(scratch) / "runs")
@@ -142,7 +155,7 @@ def truth_on_cpu() -> dict:
                         print(f"{family:12} {setting:24} ckpt={checkpointing!s:5} T={seq_len:4} plan "
                               f"{planned / 2**20:8.2f} MiB real {real / 2**20:8.2f} MiB (fit {fit / 2**20:8.2f}) "
                               f"{rows[-1]['error']:+.2%}", flush=True)
-            facts = model_facts(LmJob(model=name, overrides=overrides))
+            facts = model_facts(lm_job(model=name, overrides=overrides))
             rows.append({"family": family, "parameters": facts.total_parameters})
     return summarise(rows)
 
@@ -184,13 +197,12 @@ PUBLISHED = [  # (source, setting, figure GiB, job fields, what differs)
 def published_setups() -> list[dict]:
     from trainwise.llm.methods import LoraSettings
     from trainwise.plan.llm_plan import trace_lm
-    from trainwise.plan.llm_step import LmJob
 
     out = []
     for source, setting, figure_gib, fields, differs in PUBLISHED:
         fields = dict(fields)
         rank = fields.pop("lora_rank", 16)
-        job = LmJob(lora=LoraSettings(rank=rank, alpha=2.0 * rank), **fields)
+        job = lm_job(lora=LoraSettings(rank=rank, alpha=2.0 * rank), **fields)
         started = time.perf_counter()
         trace = trace_lm(job, job.micro, count_flops=False)
         gradients = trace.breakdown.get("gradients", 0)
@@ -206,12 +218,65 @@ def published_setups() -> list[dict]:
     return out
 
 
+# (source, setting, published tokens/s per GPU, card, cards, plan flags, overrides, what the setups share/differ in)
+TORCHTUNE = ("torchtune README, 'Memory and training speed' (Llama 3.1 8B, 1x RTX 4090, batch 2, seq 2048, "
+             "activation checkpointing, torch.compile)")
+THROUGHPUT = [
+    (TORCHTUNE, "full (bf16 weights, 8-bit paged AdamW)", 1650, "RTX 4090", 1,
+     dict(method="full", dtype="bf16", optimizer="adamw8bit", gradient_checkpointing=True), [],
+     "torchtune steps the optimizer inside backward (no whole gradient held) and compiles; we plan eager."),
+    (TORCHTUNE, "LoRA", 3083, "RTX 4090", 1, dict(method="lora", lora_rank=8), [],
+     "their LoRA wraps q, v, output and the MLP at rank 8; ours all linear layers at rank 8."),
+    (TORCHTUNE, "QLoRA", 2413, "RTX 4090", 1, dict(method="qlora", lora_rank=8), [],
+     "torchao's NF4 vs our bitsandbytes-shaped dequantisation traffic."),
+    ("torchtitan docs/performance.md (Llama 3.1 8B, 8x H100 SXM, FSDP, bf16 mixed precision, local batch 2 x seq "
+     "8192, selective activation checkpointing)", "pretraining, FSDP x8", 5762, "H100 SXM", 8,
+     dict(method="full", seq_len=8192, batch_size=16, gradient_checkpointing=True), [],
+     "selective checkpointing recomputes less than our full checkpointing; torch.compile and float8 off."),
+]
+
+
+def planned_throughput() -> list[dict]:
+    from trainwise.plan import advise as rules
+    from trainwise.plan.catalog import find_gpus, load_gpus
+    from trainwise.plan.llm_advice import timed
+    from trainwise.plan.llm_job import lm_config, lm_job_from_config
+    from trainwise.plan.llm_plan import advice_estimates, estimate_lm
+    from trainwise.plan.llm_time import MFU
+
+    out = []
+    for source, setting, published, card, cards, flags, overrides, differs in THROUGHPUT:
+        started = time.perf_counter()
+        flags = {"seq_len": 2048, "batch_size": 2, **flags}
+        job, _ = lm_job_from_config(lm_config("llama-3.1-8b", flags, overrides), flags.get("optimizer"))
+        (gpu,) = find_gpus(load_gpus(), [card])
+        est = estimate_lm(job)
+        row = rules.plan_card(advice_estimates(est), gpu, rules.Options(max_gpus=cards), cards,
+                              "single" if cards == 1 else "fsdp")
+        layout = timed(est, gpu, cards, row.strategy, row.needed_bytes, row.fits, max(row.micro_batch_size, 1),
+                       None, "USD", None)
+        per_gpu = layout.tokens_per_s / cards
+        out.append({"source": source, "setting": setting, "card": card, "cards": cards,
+                    "job": {k: (v if not isinstance(v, (dict, list)) else str(v)) for k, v in flags.items()},
+                    "published_tokens_per_s_per_gpu": published, "planned_tokens_per_s_per_gpu": round(per_gpu),
+                    "planned_over_published": round(per_gpu / published, 2),
+                    "planned_step_s": round(layout.step_time_s, 3), "planned_bound": layout.bound,
+                    "planned_fits": layout.fits, "planned_needed_gib": round(layout.needed_bytes / GiB, 1),
+                    "micro_batch_size": layout.micro_batch_size or 1, "mfu_assumed": MFU,
+                    "why_they_differ": differs, "plan_seconds": round(time.perf_counter() - started, 1)})
+        print(setting, published, out[-1]["planned_tokens_per_s_per_gpu"], out[-1]["planned_over_published"],
+              flush=True)
+    return out
+
+
 SPEED_CODE = """
 import json, resource, sys, time
 started = time.perf_counter()
+from trainwise.plan.llm_job import lm_config, lm_job_from_config
 from trainwise.plan.llm_report import make_lm_plan
-from trainwise.plan.llm_step import LmJob
-report = make_lm_plan(LmJob(model=sys.argv[1], method="lora", seq_len=2048, batch_size=16),
+job, _ = lm_job_from_config(lm_config(sys.argv[1], {"method": "lora", "seq_len": 2048, "batch_size": 16,
+                                                    "micro_batch_size": 16, "gradient_checkpointing": False}))
+report = make_lm_plan(job,
                       ("RTX4090", "A100-40GB"), 8, advice=sys.argv[2] == "advice")
 print(json.dumps({"seconds": time.perf_counter() - started, "planning_seconds": report.seconds,
                   "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -235,7 +300,7 @@ def plan_speed() -> list[dict]:
     return out
 
 
-PARTS = ("truth", "published", "speed")
+PARTS = ("truth", "published", "speed", "throughput")
 
 
 def main() -> None:
@@ -247,7 +312,8 @@ def main() -> None:
     started = time.perf_counter()
     measured, seconds, load = {}, {}, {}
     for part, key, run in (("truth", "truth_on_cpu", truth_on_cpu), ("published", "published_setups", published_setups),
-                           ("speed", "plan_speed", plan_speed)):
+                           ("speed", "plan_speed", plan_speed), ("throughput", "published_throughput",
+                                                                 planned_throughput)):
         if part in parts:
             part_started, load[part] = time.perf_counter(), round(os.getloadavg()[0], 1)
             measured[key] = run()
@@ -255,7 +321,8 @@ def main() -> None:
     # the other parts as the file holds them now (read at the end: another part may have run meanwhile)
     path = Path(__file__).resolve().parent / "results" / "llm_plan.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
-    result = {key: previous.get(key) for key in ("truth_on_cpu", "published_setups", "plan_speed")}
+    result = {key: previous.get(key) for key in ("truth_on_cpu", "published_setups", "plan_speed",
+                                                 "published_throughput")}
     result.update(measured)
     result["part_seconds"] = {**(previous.get("part_seconds") or {}), **seconds}
     result["part_load_average"] = {**(previous.get("part_load_average") or {}), **load}

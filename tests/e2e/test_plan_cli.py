@@ -105,3 +105,81 @@ def test_plan_uses_the_full_table_when_the_terminal_is_wide(capsys, monkeypatch)
     assert "micro × accum" in header and "cheapest offer" in header
     a10 = next(line for line in result.stdout.splitlines() if line.startswith(" A10 "))
     assert "Lambda gpu_1x_a10" in a10
+
+
+# ---- language models: the renting question (issue 34) ---------------------------------------------------------
+
+pytest_llm = pytest.importorskip  # transformers/peft are optional: the language-model cases skip without them
+
+
+def lm_plan(capsys, *args):
+    pytest_llm("transformers")
+    pytest_llm("peft")
+    result = invoke(capsys, "plan", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.slow
+def test_an_8b_lora_plans_a_bf16_base_that_fits_a_4090_and_full_adamw_does_not_fit_an_a100_40gb(capsys):
+    lora = lm_plan(capsys, "llama-3.1-8b", "--method", "lora", "--seq-len", "2048", "--batch", "2", "--gpu",
+                   "RTX4090", "--gpu", "A100-40GB", "--checkpointing")
+    assert lora["job"]["dtype"] == "bf16"  # no --dtype: the frozen base is bf16, as practitioners run it
+    layouts = {row["card"]: row for row in lora["layouts"] if row["cards"] == 1}
+    needed = layouts["RTX 4090"]["needed_bytes"] / 2**30
+    assert 12 <= needed <= 24 and layouts["RTX 4090"]["fits"]
+    assert layouts["RTX 4090"]["price_per_hour"] > 0 and layouts["RTX 4090"]["tokens_per_s"] > 0
+    _assert_no_layout_beats_its_flops_at_peak(lora)
+    full = lm_plan(capsys, "llama-3.1-8b", "--method", "full", "--seq-len", "2048", "--batch", "2", "--gpu",
+                   "A100-40GB", "--no-checkpointing", "--steps", "100")
+    assert full["job"]["dtype"] == "fp32"  # fp32 master weights under bf16 autocast
+    one = next(row for row in full["layouts"] if row["cards"] == 1)
+    assert not one["fits"] and one["needed_bytes"] > one["usable_bytes"]
+    fsdp = next(row for row in full["layouts"] if row["fits"])
+    assert fsdp["run_cost"] == pytest.approx(fsdp["price_per_hour"] * fsdp["run_hours"])
+    assert fsdp["run_hours"] == pytest.approx(100 * fsdp["step_time_s"] / 3600)
+    _assert_no_layout_beats_its_flops_at_peak(full)
+
+
+def _assert_no_layout_beats_its_flops_at_peak(report):
+    from trainwise.plan.catalog import load_gpus
+    cards = {gpu.name: gpu for gpu in load_gpus()}
+    for row in report["layouts"]:
+        peak = cards[row["card"]].peak_tflops(row["precision"]) * 1e12
+        assert row["step_time_s"] * row["cards"] >= report["flops_per_step"] / peak, row
+
+
+def test_list_models_stands_alone_with_column_headers(capsys):
+    pytest_llm("transformers")
+    result = invoke(capsys, "plan", "--list-models")
+    assert result.returncode == 0, result.stderr
+    header, first = result.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["name", "parameters", "family"] and first.startswith("gpt2")
+
+
+def test_an_unknown_model_name_points_to_the_model_list(capsys):
+    from tests.conftest import assert_refused
+    assert_refused(invoke(capsys, "plan", "llama-9.9-zillion"), "unknown recipe", "--list-models")
+
+
+def _config_json(tmp_path, **changes):
+    fields = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256}
+    fields.update(changes)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(fields))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes, phrase", [
+    (dict(num_hidden_layers=None), "'num_hidden_layers' (the number of blocks)"),
+    (dict(num_attention_heads=0), "'num_attention_heads' is 0"),
+    (dict(num_hidden_layers="two"), "'num_hidden_layers' is 'two'"),
+    (dict(num_attention_heads=5), "5 attention heads do not divide the width 64"),
+    (dict(hidden_size=None), "'hidden_size' (the width)"),
+])
+def test_a_malformed_config_json_is_one_message_naming_the_field(tmp_path, capsys, changes, phrase):
+    from tests.conftest import assert_refused
+    pytest_llm("transformers")
+    assert_refused(invoke(capsys, "plan", _config_json(tmp_path, **changes), "--method", "lora"), phrase)

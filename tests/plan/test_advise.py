@@ -218,29 +218,8 @@ def test_the_no_fit_message_never_offers_a_precision_already_in_use():
     assert "precision=bf16" in no_fit_message(replace(impossible, precision="fp32"), (SMALL, BIG), Options())
 
 
-def test_more_cards_and_a_bigger_card_are_levers_when_the_job_fits_no_card_asked_about(monkeypatch):
-    from types import SimpleNamespace
-
-    from trainwise.plan import llm_advice
-
-    job = estimates(fixed=30 * GiB, optimizer_peak=30 * GiB, sharded_state_bytes=28 * GiB, per_sample=0.01 * GiB)
-    monkeypatch.setattr(llm_advice, "advice_estimates", lambda est: job)
-    monkeypatch.setattr(llm_advice, "candidate_levers", lambda _job: [])
-    mid = card("Mid", 40, 300)
-    est = SimpleNamespace(traces=[SimpleNamespace(micro_batch_flops=1)], job=None)
-    levers, _ = llm_advice.rank_levers(est, (SMALL,), catalogue=(BIG, SMALL, mid))
-    fsdp, bigger = levers
-    cards = int(fsdp.name.split()[2])  # "FSDP over N x Small"
-    assert plan_card(job, SMALL, Options(), cards, "fsdp").fits
-    assert not plan_card(job, SMALL, Options(), cards // 2, "fsdp" if cards > 2 else "single").fits
-    assert fsdp.fits == ("Small",) and fsdp.peak_bytes < SMALL.memory_bytes  # per rank
-    assert fsdp.slowdown > 1  # card-time: FSDP scales below 100%
-    assert bigger.name.startswith("a bigger card (Mid") and bigger.how == "--gpu Mid"  # the smallest that holds it
-    assert llm_advice.hardware_levers(est, BIG, (SMALL, mid, BIG)) == []  # it fits the card asked about: none
-
-
 def test_fsdp_beyond_one_server_is_started_on_several_machines():
-    from trainwise.plan.llm_advice import fsdp_command
+    from trainwise.plan.llm_levers import fsdp_command
 
     assert fsdp_command(8) == "trainwise train --nproc 8 ... train.strategy=fsdp"
     assert "--nproc 8 --nnodes 2 --node-rank I --rdzv-endpoint HOST:PORT" in fsdp_command(16)

@@ -294,3 +294,29 @@ if __name__ == "__main__":  # the subprocess of the capped-ISA test: errors of t
     chosen = [tuple(case) for case in json.loads(sys.argv[1])]
     errors = {f"{name}/{precision}": relative_error(name, precision) for name, precision in chosen}
     print(json.dumps({"native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), "errors": errors}))
+
+
+class Waveform(nn.Module):
+    """Held out (issue 34): a keyword-spotting front end over one second of 16 kHz audio — Conv1d (80, stride 4)
+    then stride-1 Conv1d (3), each followed by GroupNorm(8, C) and GELU — long 1-D activations that bf16
+    autocast keeps partly in fp32 (GroupNorm runs in fp32 under autocast, GELU in its input's dtype)."""
+
+    def __init__(self, width: int = 32, classes: int = 12):
+        super().__init__()
+        layers, channels = [nn.Conv1d(1, width, 80, stride=4), nn.GroupNorm(8, width), nn.GELU()], width
+        for out in (width, 2 * width, 2 * width):
+            layers += [nn.Conv1d(channels, out, 3, stride=1), nn.GroupNorm(8, out), nn.GELU()]
+            channels = out
+        self.features, self.head = nn.Sequential(*layers), nn.Linear(channels, classes)
+
+    def forward(self, waveform):
+        return self.head(self.features(waveform).mean(-1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_held_out_waveform_net_with_group_norm_and_gelu_plans_within_5_percent(precision):
+    step = TrainingStep(build_model=Waveform, input_shape=(1, 16_000), num_classes=12, micro_batch_size=16,
+                        precision=precision, grad_clip_norm=1.0, optimizer_args={"lr": 1e-3, "weight_decay": 0.01})
+    torch.manual_seed(0)
+    assert trace_step(step).peak_bytes == pytest.approx(measured_peak_bytes(step, torch.device("cpu")), rel=0.05)

@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 
 from tests.conftest import assert_refused, invoke  # noqa: E402
 from trainwise.llm import methods  # noqa: E402
-from trainwise.plan.llm_advice import candidate_levers  # noqa: E402
+from trainwise.plan.llm_levers import candidate_levers  # noqa: E402
 from trainwise.plan.llm_plan import estimate_lm, trace_lm, traced_depths  # noqa: E402
 from trainwise.plan.llm_step import LmJob, lm_step  # noqa: E402
 from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
@@ -23,10 +23,16 @@ TINY = dict(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_atte
             head_dim=16, vocab_size=512)  # ~0.2M parameters
 
 
+# what LmJob needs beyond the fields a test sets (it has no defaults: a RunConfig's come from the schema)
+JOB_FIELDS = dict(micro_batch_size=None, method="full", trainable_blocks=2, lora=methods.LoraSettings(),
+                  dtype="fp32", precision="bf16", optimizer="adamw", gradient_checkpointing=False,
+                  loss_chunk_size=None, grad_clip_norm=1.0)
+
+
 def job(**changes) -> LmJob:
     base = dict(model="llama-3.1-8b", seq_len=32, batch_size=2, overrides=TINY, dtype="fp32", precision="fp32",
                 trainable_blocks=1)
-    return LmJob(**{**base, **changes})
+    return LmJob(**{**JOB_FIELDS, **base, **changes})
 
 
 @pytest.mark.parametrize("changes", [dict(method="full", gradient_checkpointing=True), dict(method="lora"),
@@ -88,7 +94,7 @@ def test_a_factory_that_casts_and_wraps_with_peft_plans():
 
 
 def test_tied_weights_are_counted_once():
-    planned = LmJob("gpt2", seq_len=16, batch_size=1, overrides=dict(n_layer=2, n_embd=64, n_head=4,
+    planned = LmJob(**JOB_FIELDS, model="gpt2", seq_len=16, batch_size=1, overrides=dict(n_layer=2, n_embd=64, n_head=4,
                                                                       vocab_size=512, n_positions=64))
     est = estimate_lm(planned)
     assert est.facts.total_parameters == est.facts.trainable_parameters
@@ -111,7 +117,7 @@ def test_a_lever_in_use_is_never_offered():
     assert not any(n.startswith(("gradient checkpointing", "chunked", "LoRA", "pure bf16", "8-bit")) for n in names)
     assert any(n.startswith("QLoRA") for n in names)
     everything = {name for name, *_ in candidate_levers(job(method="full", seq_len=1024))}
-    assert len(everything) == 7
+    assert len(everything) == 8  # checkpointing, chunked loss, 8-bit AdamW, bf16, LoRA, freeze, QLoRA, context
 
 
 def test_plan_cli_reads_a_model_directory_and_reports_trainable_parameters(tmp_path, capsys):
@@ -137,9 +143,22 @@ def test_an_unknown_config_path_is_refused(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(tmp_path / "nope" / "config.json")), "never downloads")
 
 
-def test_overrides_on_a_model_are_refused_not_ignored(capsys):
-    assert_refused(invoke(capsys, "plan", "llama-3.2-1b", "model.lora.dropout=0"), "KEY=VALUE overrides change a "
-                   "recipe", "--lora-rank")
+def test_overrides_on_a_model_are_applied_not_ignored(tmp_path, capsys):
+    """`plan MODEL key=value` is a RunConfig with that key set (issue 36): the override reaches the job."""
+    config = _tiny_config_dir(tmp_path)
+    result = invoke(capsys, "plan", str(config), "--method", "lora", "--seq-len", "16", "--batch", "2", "--gpu",
+                    "T4", "model.lora.rank=4", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["job"]["lora"]["rank"] == 4
+    assert_refused(invoke(capsys, "plan", str(config), "model.nonsense=1"), "nonsense")
+
+
+def _tiny_config_dir(tmp_path):
+    from trainwise.llm import hf
+    config = hf.resolve_config("qwen2.5-0.5b", **{k: v for k, v in TINY.items() if k != "head_dim"})
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config.to_dict()))
+    return tmp_path / "model"
 
 
 def test_each_region_of_the_step_is_extended_on_its_own_line():
@@ -175,7 +194,69 @@ def test_a_mixture_of_experts_model_plans_to_the_cpu_allocators_peak(method):
     """Mixtral-style routing (top-k experts, grouped matmuls over fused expert weights) traces on fake tensors."""
     from tests.llm.test_models import MOE
 
-    planned = LmJob(model=MOE, seq_len=32, batch_size=2, dtype="fp32", precision="fp32", method=method)
+    planned = LmJob(**{**JOB_FIELDS, "model": MOE, "seq_len": 32, "batch_size": 2, "dtype": "fp32",
+                       "precision": "fp32", "method": method})
     traced = trace_lm(planned, 2, device_kind="cpu")
     real = measured_peak_bytes(lm_step(planned, None, 2, device_kind="cpu"), torch.device("cpu"))
     assert traced.peak_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_the_sft_lora_recipe_and_plan_model_method_lora_are_the_same_job():
+    """`plan sft-lora model.hf_config=M` and `plan M --method lora` (no --dtype, no --checkpointing) describe one
+    job: the recipe's bf16 base, checkpointing and batch are the flags' defaults (issue 34 / 36)."""
+    from trainwise.plan.llm_job import lm_config, lm_job_from_config
+    from trainwise.recipes import load_recipe
+
+    recipe, _ = lm_job_from_config(load_recipe("sft-lora", ["model.hf_config=llama-3.1-8b", "data.seq_len=2048"]))
+    flags, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora"}))
+    assert recipe == flags and flags.dtype == "bf16" and flags.gradient_checkpointing
+    full, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "full"}))
+    assert full.dtype == "fp32" and not full.gradient_checkpointing  # fp32 master weights, bf16 autocast
+    given, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora", "dtype": "fp32"},
+                                            ["model.gradient_checkpointing=false"]))
+    assert given.dtype == "fp32" and not given.gradient_checkpointing  # flags and overrides win
+
+
+def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
+    """When no lever alone fits the card asked about and two together do, the plan says so before FSDP or a
+    bigger card."""
+    from types import SimpleNamespace
+
+    from trainwise.plan import llm_levers
+    from trainwise.plan.llm_levers import Lever
+
+    def traced(est, chosen, gpus, gpu, base_s):
+        names = {c[0] for c in chosen}
+        fits = ("Small",) if names == {"gradient checkpointing", "QLoRA (4-bit base, CUDA + bitsandbytes)"} else ()
+        return Lever(" + ".join(sorted(names)), "", 10, 1.0 + len(names), fits, any(c[3] for c in chosen),
+                     levers=len(chosen))
+
+    small = SimpleNamespace(name="Small", memory_bytes=8 * 2**30)
+    monkeypatch.setattr(llm_levers, "_traced", traced)
+    monkeypatch.setattr(llm_levers, "lever_seconds", lambda est, job, gpu: 1.0)
+    monkeypatch.setattr(llm_levers, "hardware_levers", lambda est, gpu, catalogue: [Lever("FSDP", "", 1, 0.5,
+                                                                                           ("Small",), hardware=True)])
+    monkeypatch.setattr(llm_levers, "combine", lambda *args: None)
+    est = SimpleNamespace(job=job(method="lora", dtype="bf16", seq_len=1024))
+    levers, _ = llm_levers.rank_levers(est, (small,))
+    assert levers[0].levers == 2 and "gradient checkpointing" in levers[0].name and levers[1].name == "FSDP"
+
+
+@pytest.mark.slow
+def test_a_lora_step_is_planned_no_slower_than_full_fine_tuning():
+    """LoRA's extra matmuls are priced as what they are: small next to the weight gradients it skips (issue 34:
+    LoRA was planned ~2x slower than full). Llama-3.2-1B at 512 tokens, both at their usual dtypes."""
+    from trainwise.plan.catalog import find_gpus, load_gpus
+    from trainwise.plan.llm_advice import layouts
+    from trainwise.plan.llm_job import lm_config, lm_job_from_config
+
+    cards = find_gpus(load_gpus(), ["RTX4090", "H100-SXM", "T4"])
+    times = {}
+    for method in ("full", "lora"):
+        planned, _ = lm_job_from_config(lm_config("llama-3.2-1b", {"method": method, "seq_len": 512, "batch_size": 2,
+                                                                 "gradient_checkpointing": False}))
+        rows = [row for row in layouts(estimate_lm(planned), cards, 1) if row.strategy == "single"]
+        times[method] = {row.card: row.step_time_s for row in rows}
+    for card in times["full"]:
+        assert times["lora"][card] < 2 * times["full"][card], (card, times)
+        assert times["lora"][card] <= times["full"][card], (card, times)

@@ -20,10 +20,11 @@ def register(app: typer.Typer) -> None:
 
 
 def plan(
-    recipe: str = typer.Argument(..., help="A built-in recipe name (see `trainwise recipes`) or a YAML file; or a "
-                                 "language model: a catalogue name (--list-models), a config.json or a Hugging "
-                                 "Face model directory (no weights needed)."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. train.batch_size=256."),
+    recipe: Optional[str] = typer.Argument(None, help="A built-in recipe name (see `trainwise recipes`) or a YAML "
+                                           "file; or a language model: a catalogue name (--list-models), a "
+                                           "config.json or a Hugging Face model directory (no weights needed)."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. train.batch_size=256 "
+                                                    "(for a language model too: model.lora.dropout=0)."),
     gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="Only these cards (repeatable), e.g. --gpu A100-80GB."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most cards a multi-GPU option may use."),
     budget: Optional[float] = typer.Option(None, "--budget", help="Most the run may cost, in --currency."),
@@ -36,37 +37,56 @@ def plan(
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks (GPUs) per node: per-rank memory "
                                         "of DDP and FSDP on each card, and which strategy to use."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
-    method: str = typer.Option("full", "--method", help="Language models: full, freeze, lora or qlora."),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Language models: tokens per sequence."),
-    batch: int = typer.Option(16, "--batch", help="Language models: sequences per optimizer step."),
+    method: Optional[str] = typer.Option(None, "--method", help="Language models: full, freeze, lora or qlora "
+                                         "(model.method; default full)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Language models: tokens per sequence "
+                                          "(data.seq_len; default 2048)."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Language models: sequences per optimizer step "
+                                        "(train.batch_size; default 16)."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Language models: sequences per "
-                                              "forward/backward (default: the whole batch)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="Language models: weights in fp32 (master) or bf16 (pure)."),
-    precision: str = typer.Option("bf16", "--precision", help="Language models: autocast bf16, fp16 or fp32."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="Language models: adamw, adamw8bit or sgd."),
-    checkpointing: bool = typer.Option(False, "--checkpointing", help="Language models: gradient checkpointing."),
+                                              "forward/backward (train.micro_batch_size; default: the most that "
+                                              "fits each card)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Language models: the weights' dtype, fp32 or bf16 "
+                                        "(model.dtype; default: bf16 for a frozen base — lora, qlora, freeze — "
+                                        "and fp32 master weights for full fine-tuning)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="Language models: autocast auto, bf16, "
+                                            "fp16 or fp32 (train.precision; auto: bf16, fp16 where the card "
+                                            "has no bf16)."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="Language models: adamw, adamw8bit or sgd."),
+    checkpointing: Optional[bool] = typer.Option(None, "--checkpointing/--no-checkpointing",
+                                                 help="Language models: gradient checkpointing "
+                                                 "(model.gradient_checkpointing)."),
     loss_chunk: Optional[int] = typer.Option(None, "--loss-chunk", help="Language models: cross-entropy this "
-                                             "many tokens at a time (the logits never whole)."),
-    lora_rank: int = typer.Option(16, "--lora-rank", help="Language models: LoRA rank (lora, qlora)."),
-    trainable_blocks: int = typer.Option(2, "--trainable-blocks", help="Language models, freeze: last blocks "
-                                         "that train."),
+                                             "many tokens at a time (model.loss_chunk_size)."),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="Language models: LoRA rank (lora, qlora; "
+                                            "model.lora.rank, alpha 2 x rank)."),
+    trainable_blocks: Optional[int] = typer.Option(None, "--trainable-blocks", help="Language models, freeze: "
+                                                   "last blocks that train (model.trainable_blocks)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Language models: optimizer steps of the "
+                                        "run, to price the whole run."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", min=1, help="Language models: tokens the run trains "
+                                           "on (e.g. 1e8), to price the whole run."),
     list_models: bool = typer.Option(False, "--list-models", help="List the catalogue of language models."),
 ) -> None:
     """Which GPU fits this training job, how long it takes and what it costs (no GPU needed)."""
     from trainwise.cli.plan_llm import language_model_plan, list_catalogue, lm_recipe_plan
     from trainwise.plan.catalog import parse_rates
     from trainwise.plan.planner import PlanRequest, make_plan
-    from trainwise.recipes import load_recipe
 
     if list_models:
         return list_catalogue()
+    if recipe is None:
+        raise typer.BadParameter("give a recipe (trainwise recipes), a YAML file or a language model "
+                                 "(trainwise plan --list-models)", param_hint="RECIPE")
     lm_flags = dict(method=method, seq_len=seq_len, batch_size=batch, micro_batch_size=micro_batch, dtype=dtype,
                     precision=precision, optimizer=optimizer, gradient_checkpointing=checkpointing,
                     loss_chunk_size=loss_chunk, lora_rank=lora_rank, trainable_blocks=trainable_blocks)
-    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json, overrides or []):
+    money = dict(prices_file=prices, currency=currency, rates=parse_rates(rate or []), steps=steps,
+                 tokens=int(tokens) if tokens else None)
+    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json, overrides or [], money):
         return None
-    config = load_recipe(recipe, overrides or [])
-    if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json):
+    config = load_recipe_or_model(recipe, overrides or [])
+    if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json, money):
         return None
     request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
                           deadline_hours=deadline, prices_file=prices, currency=currency,
@@ -76,6 +96,19 @@ def plan(
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
         return
     print_report(report, Console())
+
+
+def load_recipe_or_model(name: str, overrides: list[str]):
+    """The recipe `name` names; a name that is neither a recipe nor a model says where both are listed."""
+    from trainwise.errors import ConfigError
+    from trainwise.recipes import load_recipe
+    try:
+        return load_recipe(name, overrides)
+    except ConfigError as error:
+        if str(error).startswith("unknown recipe"):
+            raise ConfigError(f"{error} A language model to plan is a catalogue name (trainwise plan "
+                              "--list-models), a config.json or a model directory.") from None
+        raise
 
 
 def print_report(report, console: Console) -> None:

@@ -22,42 +22,34 @@ def is_language_model(argument: str) -> bool:
 
 
 def language_model_plan(argument: str, flags: dict, gpus: tuple[str, ...], max_gpus: int, as_json: bool,
-                        overrides: list[str] = ()) -> bool:
-    """Plan `argument` as a language model when it names one (True), else leave it to the recipe path."""
+                        overrides: list[str] = (), money: dict | None = None) -> bool:
+    """Plan `argument` as a language model when it names one (True), else leave it to the recipe path. The flags
+    and overrides make a RunConfig (plan/llm_job.lm_config), planned as a recipe's would be."""
     if not is_language_model(argument):
         return False
-    if overrides:
-        from trainwise.errors import ConfigError
-        raise ConfigError(f"{' '.join(overrides)}: KEY=VALUE overrides change a recipe, and {argument} is a model. "
-                          "Use the flags (--method, --seq-len, --batch, --micro-batch, --dtype, --lora-rank, ...; "
-                          "see trainwise plan --help), or plan a recipe whose model.hf_config names this model: "
-                          "trainwise plan recipe.yaml model.lora.dropout=0")
-    from trainwise.llm.methods import LoraSettings
-    from trainwise.plan.llm_report import make_lm_plan
-    from trainwise.plan.llm_step import LmJob
-    flags = dict(flags)
-    rank = flags.pop("lora_rank")
-    lora = LoraSettings(rank=rank, alpha=2.0 * rank)  # alpha = 2 x rank, the usual scale
-    job = LmJob(model=argument, lora=lora, **flags)
-    _show(make_lm_plan(job, gpus, max_gpus), as_json)
-    return True
+    from trainwise.plan.llm_job import lm_config
+    config = lm_config(argument, flags, list(overrides))
+    return lm_recipe_plan(config, gpus, max_gpus, as_json, money, optimizer=flags.get("optimizer"))
 
 
-def lm_recipe_plan(config, gpus: tuple[str, ...], max_gpus: int, as_json: bool) -> bool:
-    """Plan a recipe whose model is a language model (model.hf or model.hf_config) (True), else False."""
+def lm_recipe_plan(config, gpus: tuple[str, ...], max_gpus: int, as_json: bool, money: dict | None = None,
+                   optimizer: str | None = None) -> bool:
+    """Plan a config whose model is a language model (model.hf or model.hf_config) (True), else False."""
     if not (config.model.hf or config.model.hf_config):
         return False
-    from trainwise.plan.llm_report import lm_job_from_config, make_lm_plan
-    job, notes = lm_job_from_config(config)
-    _show(make_lm_plan(job, gpus, max_gpus, notes=notes), as_json)
+    from trainwise.plan.llm_report import plan_language_model
+    _show(plan_language_model(config, gpus, max_gpus, money, optimizer), as_json)
     return True
 
 
 def list_catalogue() -> None:
     from trainwise.llm import catalogue
+    typer.echo(f"{'name':<16} {'parameters':>12}  {'family':<8} published as")
     for name in catalogue.names():
         entry = catalogue.lookup(name)
-        typer.echo(f"{name:<16} {entry.parameters / 1e9:>7.2f} B  {entry.config['model_type']:<8} {entry.source}")
+        typer.echo(f"{name:<16} {entry.parameters / 1e9:>10.2f} B  {entry.config['model_type']:<8} {entry.source}")
+    typer.echo("Plan one with: trainwise plan NAME --method lora --gpu RTX4090 (a config.json or a model directory "
+               "works too).")
 
 
 def _show(report, as_json: bool) -> None:
@@ -75,15 +67,14 @@ def _bytes(n: float) -> str:
 def print_lm_report(report, console: Console) -> None:
     data, job = report.to_dict(), report.estimate.job
     params, peak = data["parameters"], data["peak"]
+    fp16 = {row.precision for row in report.advice.layouts} == {"fp16"}
+    console.print(f"[bold]{job.model}[/]: {_headline(job, fp16)}.", highlight=False)
     share = params["trainable"] / max(params["total"], 1)
-    method = {"full": "full fine-tuning", "freeze": f"last {job.trainable_blocks} blocks + head",
-              "lora": f"LoRA rank {job.lora.rank}", "qlora": f"QLoRA rank {job.lora.rank} (4-bit base)"}[job.method]
     extras = [x for x in ("gradient checkpointing" if job.gradient_checkpointing else "",
                           f"loss in chunks of {job.loss_chunk_size}" if job.loss_chunk_size else "") if x]
-    console.print(f"[bold]{job.model}[/]: [bold]{params['total']:,}[/] parameters, [bold]{params['trainable']:,}[/] "
-                  f"trainable ({share:.2%}); {method}, {job.dtype} weights, {job.precision} autocast, "
-                  f"{job.optimizer}{''.join(', ' + x for x in extras)}; batch {job.batch_size} × {job.seq_len:,} "
-                  f"tokens (micro-batch {job.micro} × {job.batch_size // job.micro}).", highlight=False)
+    console.print(f"[bold]{params['total']:,}[/] parameters, [bold]{params['trainable']:,}[/] trainable "
+                  f"({share:.2%}); {job.optimizer}{''.join(', ' + x for x in extras)}; batch {job.batch_size} × "
+                  f"{job.seq_len:,} tokens; {_flops(data['flops_per_step'])} per optimizer step.", highlight=False)
     parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}"
                       for name, value in sorted(peak["breakdown_bytes"].items(), key=lambda kv: -kv[1]) if value)
     console.print(f"Peak of one training step (traced, micro-batch {peak['micro_batch_size']}): "
@@ -98,36 +89,94 @@ def print_lm_report(report, console: Console) -> None:
     _print_levers(report, console)
     for note in data["notes"]:
         console.print(note, highlight=False)
+    if data["prices_as_of"]:
+        console.print(f"[dim]Prices: the cheapest on-demand offer of plan/prices.yaml (as of {data['prices_as_of']}) "
+                      "holding the layout's cards; check them on each provider's page or pass --prices FILE.[/]")
     console.print(f"[dim]Planned in {report.seconds:.0f} s on fake tensors (no weights, no GPU).[/]")
 
 
+def _headline(job, fp16: bool = False) -> str:
+    """The first line: what trains, in which dtype, under which autocast — the decision a reader checks first."""
+    method = {"full": "full fine-tuning", "freeze": f"the last {job.trainable_blocks} blocks + head train",
+              "lora": f"LoRA rank {job.lora.rank}", "qlora": f"QLoRA rank {job.lora.rank}"}[job.method]
+    if job.method == "qlora":
+        weights = "a 4-bit (NF4) frozen base"
+    elif job.method == "full":
+        weights = ("fp32 master weights (mixed precision)" if job.dtype == "fp32"
+                   else "pure bf16 weights (no fp32 master copy)")
+    else:
+        weights = f"a {job.dtype} frozen base" + (" (fp32 weights: --dtype bf16 halves them)"
+                                                   if job.dtype == "fp32" else "")
+    autocast = {"bf16": "fp16 autocast with loss scaling (the cards have no bf16)" if fp16 else "bf16 autocast", "fp16": "fp16 autocast with loss scaling",
+                "fp32": "no autocast (fp32)"}.get(job.precision, f"{job.precision} autocast")
+    return f"{method} on {weights}, {autocast}"
+
+
 def _print_layouts(report, console: Console) -> None:
-    console.print("Per card (CUDA context, workspaces and a 10% margin included):")
+    data = report.to_dict()
+    currency, steps = data["currency"], data["steps"]
+    run = f", the run's {steps:,} steps" if steps else ""
+    console.print(f"Per card (needs / usable: CUDA context, workspaces and a 10% margin counted); step time at "
+                  f"{MFU_TEXT}; {currency} per hour{run}:")
     by_card: dict[str, list] = {}
     for layout in report.advice.layouts:
         by_card.setdefault(layout.card, []).append(layout)
     for card, rows in by_card.items():
-        cells = []
+        fp16 = " (fp16 autocast + loss scaling: no bf16)" if rows[0].precision == "fp16" else ""
+        console.print(f"  {card} ({_bytes(rows[0].memory_bytes)}){fp16}:", highlight=False)
         for row in rows:
-            name = "1 card" if row.cards == 1 else (f"FSDP ×{row.cards}" + (" + CPU offload"
-                                                                            if "offload" in row.strategy else ""))
-            verdict = (f"[green]fits[/], micro-batch {row.micro_batch_size}, {row.step_time_s:.2f} s/step"
-                       if row.fits else "[red]no[/]")
-            cells.append(f"{name}: {verdict} ({_bytes(row.needed_bytes)} per card)")
-        console.print(f"  {card} ({_bytes(rows[0].memory_bytes)}): " + "; ".join(cells), highlight=False)
+            console.print(f"    {_layout_line(row)}", highlight=False)
+
+
+MFU_TEXT = "40% of the card's peak FLOP/s (model FLOPs utilisation, PaLM paper Table 3)"
+
+
+def _layout_line(row) -> str:
+    name = "1 card" if row.cards == 1 else (f"FSDP ×{row.cards}" + (" + CPU offload"
+                                                                    if "offload" in row.strategy else ""))
+    memory = f"needs {_bytes(row.needed_bytes)} of {_bytes(row.usable_bytes)} usable"
+    if not row.fits:
+        short = row.needed_bytes - row.usable_bytes
+        return f"{name}: [red]no[/] — {memory} per card, {_bytes(short)} short"
+    cost = ""
+    if row.price_per_hour is not None:
+        cost = f"; {_money(row.price_per_hour)}/h ({_money(row.price_per_card_hour)} per card, {row.offer})"
+        if row.run_cost is not None:
+            cost += f"; the run: {_hours(row.run_hours)}, {_money(row.run_cost)}"
+    elif row.run_hours is not None:
+        cost = f"; the run: {_hours(row.run_hours)} (no price listed)"
+    return (f"{name}: [green]fits[/], micro-batch {row.micro_batch_size}, {row.step_time_s:.2f} s/step "
+            f"({row.tokens_per_s:,.0f} tokens/s, {row.bound}-bound); {memory} per card{cost}")
+
+
+def _money(value: float) -> str:
+    from trainwise.cli.plan import _money as fmt
+    return fmt(value)
+
+
+def _hours(hours: float) -> str:
+    from trainwise.cli.plan import _duration
+    return _duration(hours)
+
+
+def _flops(n: float) -> str:
+    from trainwise.cli.plan import _flops as fmt
+    return fmt(n)
 
 
 def _print_levers(report, console: Console) -> None:
     advice = report.advice
     if not advice.levers:
         return
-    console.print("What would make it fit, least slowdown first (each re-traced at micro-batch 1):")
+    console.print("What would make it fit (each re-traced at micro-batch 1; step time relative to this job on "
+                  "one of the smallest cards asked about, as if it fitted):")
     for index, lever in enumerate(advice.levers, 1):
         where = f"fits {', '.join(lever.fits)}" if lever.fits else "fits none of these cards alone"
         note = " — changes the job" if lever.changes_job else ""
-        console.print(f"  {index}. {lever.name} ({lever.how}): peak {_bytes(lever.peak_bytes)}, step time "
-                      f"×{lever.slowdown:.2f}; {where}{note}", highlight=False)
+        console.print(f"  {index}. {lever.name} ({lever.how}): peak {_bytes(lever.peak_bytes)}"
+                      f"{' per card' if lever.name.startswith('FSDP') else ''}, step time ×{lever.slowdown:.2f}; "
+                      f"{where}{note}", highlight=False)
     if advice.combined:
         console.print(f"  Together: {advice.combined.name} ({advice.combined.how}): peak "
-                      f"{_bytes(advice.combined.peak_bytes)}, fits {', '.join(advice.combined.fits)}.",
-                      highlight=False)
+                      f"{_bytes(advice.combined.peak_bytes)}, step time ×{advice.combined.slowdown:.2f}, fits "
+                      f"{', '.join(advice.combined.fits)}.", highlight=False)

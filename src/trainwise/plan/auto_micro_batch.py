@@ -148,7 +148,7 @@ def _language_model_memory(config: RunConfig, kind: str, device: torch.device):
     """The peak curve of a language-model job (plan/llm_plan.py) as a MemoryModel, and its step (full depth)."""
     from trainwise.plan.job import fit_memory
     from trainwise.plan.llm_plan import estimate_lm
-    from trainwise.plan.llm_report import lm_job_from_config
+    from trainwise.plan.llm_job import lm_job_from_config
     from trainwise.plan.llm_step import lm_step
 
     job, _ = lm_job_from_config(config)

@@ -20,7 +20,8 @@ from trainwise.errors import ConfigError
 PLAN_DIR = Path(__file__).parent
 GPUS_FILE = PLAN_DIR / "gpus.yaml"
 PRICES_FILE = PLAN_DIR / "prices.yaml"
-HOURS_PER_MONTH = 730  # 365 × 24 / 12, the convention cloud price pages use
+HOURS_PER_MONTH = 730
+PCIE4_GBS = 32  # a PCIe 4.0 x16 link per direction, for cards whose file gives no link  # 365 × 24 / 12, the convention cloud price pages use
 
 
 class _Row(BaseModel):
@@ -43,7 +44,18 @@ class Gpu(_Row):
     compute_capability: str
     bf16: bool
     interconnect: str = Field("pcie", description="pcie or nvlink: sets the multi-GPU scaling efficiency.")
+    link_gbs: float | None = Field(None, gt=0, description="Card-to-card bandwidth per direction, GB/s (None: "
+                                   "32, a PCIe 4.0 x16 slot).")
+    host_link_gbs: float | None = Field(None, gt=0, description="The card's PCIe link to the host, GB/s (None: 32).")
     source: str = Field(min_length=4)
+
+    @property
+    def link_bytes_s(self) -> float:
+        return (self.link_gbs or PCIE4_GBS) * 1e9
+
+    @property
+    def host_bytes_s(self) -> float:
+        return (self.host_link_gbs or PCIE4_GBS) * 1e9
 
     @property
     def memory_bytes(self) -> int:
@@ -152,6 +164,19 @@ def load_prices(extra: Path | None = None, gpus: tuple[Gpu, ...] | None = None) 
         raise ConfigError(f"prices: no exchange rate for {', '.join(sorted(missing))}; add it under "
                           "exchange_rates_usd in your prices file or pass --rate CODE=USD_VALUE.")
     return prices
+
+
+def prices_in(currency: str, prices_file: Path | None = None,
+              rates: dict[str, float] | None = None) -> tuple[PriceList, str]:
+    """The price list (the packaged one, extended by `prices_file`) with the user's exchange rates, and the
+    currency to show, refused when no rate converts to it."""
+    prices = load_prices(prices_file, load_gpus())
+    rates = {**prices.exchange_rates_usd, **(rates or {})}
+    code = currency.upper()
+    if code not in rates:
+        raise ConfigError(f"--currency {currency!r}: no exchange rate for it; known: {', '.join(sorted(rates))}. "
+                          f"Add one with --rate {code}=USD_VALUE.")
+    return prices.model_copy(update={"exchange_rates_usd": rates}), code
 
 
 def find_gpus(gpus: tuple[Gpu, ...], names: list[str]) -> tuple[Gpu, ...]:

@@ -1,7 +1,5 @@
-"""`trainwise plan MODEL` for language models: the job -> traces -> card layouts, host RAM, levers; one report.
-
-The entry points are `make_lm_plan(job, request)` (a catalogue name, config.json or model directory with flags)
-and `lm_job_from_config(config)` (a recipe whose model.hf / model.hf_config names a language model).
+"""`trainwise plan MODEL` for language models: the job (a RunConfig, llm_job.py) -> traces -> card layouts with
+step times and prices, host RAM, levers; one report.
 """
 from __future__ import annotations
 
@@ -9,14 +7,13 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from trainwise.config import RunConfig
-from trainwise.errors import ConfigError
-from trainwise.llm import methods
-from trainwise.plan.catalog import Gpu, find_gpus, load_gpus
-from trainwise.plan.llm_advice import LmAdvice, card_budget, host_ram, layouts, offload_ram, rank_levers
+from trainwise.plan.catalog import Gpu, PriceList, find_gpus, load_gpus, prices_in
+from trainwise.plan.llm_advice import LmAdvice, card_budget, host_ram, layouts, offload_ram
+from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS, check_job, job_notes, lm_job_from_config
+from trainwise.plan.llm_levers import rank_levers
 from trainwise.plan.llm_plan import LmEstimate, as_dict, estimate_lm
 from trainwise.plan.llm_step import LmJob
-
-DEFAULT_SEQ_LEN = 2048
+from trainwise.plan.llm_time import MFU
 
 
 @dataclass
@@ -26,6 +23,9 @@ class LmPlanReport:
     gpus: tuple[Gpu, ...]
     seconds: float  # planning time
     notes: list[str] = field(default_factory=list)
+    steps: int | None = None  # the run's optimizer steps, when --steps or --tokens gives them
+    currency: str = "USD"
+    prices_as_of: str = ""
 
     def to_dict(self) -> dict:
         est, job, facts = self.estimate, self.estimate.job, self.estimate.facts
@@ -38,6 +38,8 @@ class LmPlanReport:
                      "forward_backward_peak_bytes": own.micro_batch_peak_bytes,
                      "optimizer_step_peak_bytes": own.optimizer_peak_bytes},
             "per_extra_token_bytes": est.per_token_bytes, "per_extra_sequence_bytes": est.per_sequence_bytes,
+            "flops_per_step": own.micro_batch_flops * (job.batch_size // job.micro), "mfu_planned": MFU,
+            "steps": self.steps, "currency": self.currency, "prices_as_of": self.prices_as_of,
             "traced": [as_dict(t) for t in est.traces],
             "layouts": [asdict(layout) for layout in self.advice.layouts],
             "host_ram_bytes": self.advice.host_ram, "offload_host_ram_bytes": offload_ram(est),
@@ -47,64 +49,51 @@ class LmPlanReport:
         }
 
 
+def plan_language_model(config: RunConfig, gpu_names: tuple[str, ...] = (), max_gpus: int = 8,
+                        money: dict | None = None, optimizer: str | None = None) -> LmPlanReport:
+    """The plan of a RunConfig whose model is a language model (model.hf or model.hf_config): `plan MODEL ...`
+    and a recipe naming one both come here. `money`: prices_file, currency, rates, steps, tokens (the CLI's
+    options); `optimizer`: a plan-only optimizer (adamw8bit) in place of optim.name."""
+    money = dict(money or {})
+    job, notes = lm_job_from_config(config, optimizer if optimizer in PLAN_ONLY_OPTIMIZERS else None)
+    prices, currency = prices_in(money.get("currency", "USD"), money.get("prices_file"), money.get("rates"))
+    return make_lm_plan(job, gpu_names, max_gpus, notes=notes, prices=prices, currency=currency,
+                        steps=money.get("steps"), tokens=money.get("tokens"))
+
+
 def make_lm_plan(job: LmJob, gpu_names: tuple[str, ...] = (), max_gpus: int = 8, advice: bool = True,
-                 notes: list[str] | None = None) -> LmPlanReport:
-    """Trace the job, lay it out on each card asked about (all catalogue cards when none), and, when it does
-    not fit a card alone, trace the levers that would make it fit."""
+                 notes: list[str] | None = None, prices: PriceList | None = None, currency: str = "USD",
+                 steps: int | None = None, tokens: int | None = None) -> LmPlanReport:
+    """Trace the job, lay it out on each card asked about (all catalogue cards when none) with step times and
+    prices (`steps` or `tokens`: the whole run's too), and, when it does not fit a card alone, trace the
+    levers that would make it fit."""
     check_job(job)
     started = time.perf_counter()
     gpus = find_gpus(load_gpus(), list(gpu_names)) if gpu_names else load_gpus()
+    notes = list(notes or [])
+    job, precision_note = resolve_autocast(job, gpus)
+    notes += precision_note + job_notes(job)
+    if steps is None and tokens is not None:
+        steps = max(-(-tokens // (job.batch_size * job.seq_len)), 1)
     est = estimate_lm(job)
-    rows = layouts(est, gpus, max_gpus)
+    rows = layouts(est, gpus, max_gpus, prices, currency, steps)
     result = LmAdvice(layouts=rows, host_ram=host_ram(est))
     if advice and any(r.cards == 1 and not r.fits for r in rows):
         result.levers, result.combined = rank_levers(est, gpus, load_gpus())
-    notes = list(notes or []) + job_notes(job)
-    return LmPlanReport(est, result, gpus, time.perf_counter() - started, notes)
+    return LmPlanReport(est, result, gpus, time.perf_counter() - started, notes, steps, currency,
+                        prices.as_of if prices is not None else "")
 
 
-def check_job(job: LmJob) -> None:
-    if job.seq_len < 1 or job.batch_size < 1:
-        raise ConfigError("--seq-len and --batch must be positive")
-    if job.micro_batch_size and job.batch_size % job.micro_batch_size:
-        raise ConfigError(f"--micro-batch {job.micro_batch_size} does not divide --batch {job.batch_size}")
-    if job.method not in methods.METHODS:
-        raise ConfigError(f"--method {job.method!r}: use one of {', '.join(methods.METHODS)}")
-    if job.optimizer not in ("adamw", "adamw8bit", "sgd"):
-        raise ConfigError(f"--optimizer {job.optimizer!r}: use adamw, adamw8bit or sgd")
-    if job.method == "freeze" and not 1 <= job.trainable_blocks <= job.depth():
-        raise ConfigError(f"--trainable-blocks {job.trainable_blocks}: the model has {job.depth()} blocks")
-
-
-def job_notes(job: LmJob) -> list[str]:
-    notes = []
-    if job.method == "qlora":
-        notes.append("QLoRA is planned by size (NF4 weights with double quantisation, dequantised per layer in "
-                     "forward and backward); training it needs a CUDA GPU with bitsandbytes.")
-    if job.optimizer == "adamw8bit":
-        notes.append("8-bit AdamW is planned by the size of bitsandbytes' state (1 byte per moment per weight + "
-                     "a 4-byte scale per 256); it needs bitsandbytes on a CUDA GPU.")
-    return notes
-
-
-def lm_job_from_config(config: RunConfig) -> tuple[LmJob, list[str]]:
-    """The language-model job a recipe describes (model.hf or model.hf_config set)."""
-    model, train = config.model, config.train
-    spec = model.hf or model.hf_config
-    notes = []
-    seq_len = config.data.seq_len
-    if seq_len is None:
-        seq_len = DEFAULT_SEQ_LEN
-        notes.append(f"data.seq_len is not set: planned at {DEFAULT_SEQ_LEN} tokens per sequence.")
-    micro = None if train.micro_batch_size == "auto" else train.micro_batch
-    precision = "bf16" if train.precision in ("auto", "bf16") else train.precision
-    job = LmJob(model=spec, seq_len=seq_len, batch_size=train.batch_size, micro_batch_size=micro,
-                method=model.method, trainable_blocks=model.trainable_blocks,
-                lora=methods.LoraSettings.from_config(model.lora), dtype=model.dtype, precision=precision,
-                optimizer=config.optim.name if config.optim.name != "adam" else "adamw",
-                gradient_checkpointing=model.gradient_checkpointing, loss_chunk_size=model.loss_chunk_size,
-                grad_clip_norm=train.grad_clip_norm)
-    return job, notes
+def resolve_autocast(job: LmJob, gpus: tuple[Gpu, ...]) -> tuple[LmJob, list[str]]:
+    """train.precision=auto is bf16 autocast where a card has bf16 and fp16 with loss scaling where it has not
+    (a T4, a V100): the same memory, so the trace runs bf16 and each layout is timed in its card's own
+    (llm_advice.card_precision); the cards without bf16 are named."""
+    without = [g.name for g in gpus if not g.bf16]
+    traced = job.with_changes(precision="bf16" if job.precision in ("auto", "fp16") else job.precision)
+    if traced.precision != "bf16" or not without:
+        return traced, []
+    return traced, [f"{', '.join(without)}: no bf16, so fp16 autocast with loss scaling there (what "
+                    "train.precision=auto runs; the same memory as bf16, timed at the card's fp16 peak)."]
 
 
 def smallest_fitting(report: LmPlanReport) -> Gpu | None:

@@ -24,21 +24,22 @@ NF4_BLOCK, ABSMAX_BLOCK = 64, 256  # bitsandbytes NF4: one absmax per 64 weights
 
 @dataclass(frozen=True)
 class LmJob:
-    """A language-model training job in the user's terms (the CLI's flags, or a config's model/train)."""
+    """A language-model training job as the planner traces it. It has no defaults of its own: it is read from a
+    RunConfig (plan/llm_job.lm_job_from_config), whose schema and `plan`'s flags hold them."""
 
     model: str | dict  # catalogue name, config.json path, model directory, or config fields
-    seq_len: int = 2048
-    batch_size: int = 16  # sequences per optimizer step
-    micro_batch_size: int | None = None  # None: the whole batch at once
-    method: str = "full"
-    trainable_blocks: int = 2
-    lora: methods.LoraSettings = field(default_factory=methods.LoraSettings)
-    dtype: str = "fp32"  # weights (and so optimizer state): fp32 master or pure bf16
-    precision: str = "bf16"  # autocast
-    optimizer: str = "adamw"  # adamw | adamw8bit | sgd
-    gradient_checkpointing: bool = False
-    loss_chunk_size: int | None = None
-    grad_clip_norm: float | None = 1.0
+    seq_len: int
+    batch_size: int  # sequences per optimizer step
+    micro_batch_size: int | None  # None: the whole batch at once
+    method: str
+    trainable_blocks: int
+    lora: methods.LoraSettings
+    dtype: str  # weights (and so optimizer state): fp32 master or bf16
+    precision: str  # autocast
+    optimizer: str  # adamw | adamw8bit | sgd
+    gradient_checkpointing: bool
+    loss_chunk_size: int | None
+    grad_clip_norm: float | None
     overrides: dict[str, Any] = field(default_factory=dict)  # config fields replaced (e.g. a smaller model)
 
     @property

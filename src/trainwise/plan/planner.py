@@ -11,7 +11,7 @@ from pathlib import Path
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan import advise as advice_rules
-from trainwise.plan.catalog import Gpu, _key, find_gpus, load_gpus, load_prices
+from trainwise.plan.catalog import Gpu, _key, find_gpus, load_gpus, prices_in
 from trainwise.plan.job import JobEstimate, advice_inputs, estimate_job, job_from_config
 from trainwise.plan.probe import read_machine
 
@@ -82,13 +82,7 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     gpus = load_gpus()
     if request.gpu_names:
         gpus = find_gpus(gpus, list(request.gpu_names))
-    prices = load_prices(request.prices_file, load_gpus())
-    rates = {**prices.exchange_rates_usd, **request.rates}
-    currency = request.currency.upper()
-    if currency not in rates:
-        raise ConfigError(f"--currency {request.currency!r}: no exchange rate for it; known: "
-                          f"{', '.join(sorted(rates))}. Add one with --rate {currency}=USD_VALUE.")
-    prices = prices.model_copy(update={"exchange_rates_usd": rates})
+    prices, currency = prices_in(request.currency, request.prices_file, request.rates)
     if request.max_gpus < 1:
         raise ConfigError("--gpus-per-node must be at least 1.")
 
