@@ -160,7 +160,7 @@ def train(
         check_before_launch(config, plan.ranks, out, overwrite=overwrite, recipe_file=recipe_file)  # said once
         extra = _planned_strategy(config, plan.ranks)
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
-        raise typer.Exit(launch(command, plan))
+        raise typer.Exit(launch(command, plan, out))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
                         recipe_file=recipe_file, callbacks=[_peak_flops()])
@@ -191,7 +191,13 @@ def _planned_strategy(config, ranks: int) -> list[str]:
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
-           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`."),
+           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N",
+                                               help="Ranks per node, as for `train`."),
+           nnodes: int = typer.Option(1, "--nnodes", min=1, metavar="N", help="Machines in the job, as for `train`."),
+           node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, metavar="I",
+                                                   help="This machine's index, 0..nnodes-1."),
+           rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT",
+                                                       help="The address every node reaches, as for `train`."),
            trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made "
                                            "by someone else names (read its config.yaml first)."),
            allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Accept edits of "
@@ -208,10 +214,12 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
         from trainwise.launch.runs import check_before_launch
         from trainwise.rundir.layout import RunDir
 
-        check_before_launch(RunDir.open(run_dir).read_config(), nproc)
+        plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=run_dir.name)
+        plan.check()
+        check_before_launch(RunDir.open(run_dir).read_config(), plan.ranks)
         command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
             ["--allow-config-change"] if allow_config_change else [])
-        raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
+        raise typer.Exit(launch(command, plan, run_dir))
     with _exit_code_of_the_run(run_dir):
         run = resume_run(run_dir, [_peak_flops()], trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
@@ -310,8 +318,8 @@ def _print_outcome(summary: dict, path: Path) -> None:
         if best.get("value") is not None:
             line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
         console.print(line)
-        if message:
-            console.print(message)
+        if message:  # it ends with the command that continues the run: one line to copy, never cut by Rich
+            console.print(message, soft_wrap=True, highlight=False)
     console.print(f"run directory: {path}")
 
 

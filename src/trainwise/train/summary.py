@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainwise.rundir import records as run_records
+from trainwise.train.distributed import resume_command
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
@@ -134,7 +135,7 @@ def wall_before(run_dir: "RunDir") -> float:
 
 def stopped_message(reason: str, run: RunFacts) -> str:
     return (f"stopped by {reason.split(':')[-1]} after step {run.state.step}; checkpoint written. "
-            f"Continue with: trainwise resume {run.run_dir.path}")
+            f"Continue with: {resume_command(run.run_dir.path)}")
 
 
 def early_stop_message(run: RunFacts, restored: bool) -> str:
