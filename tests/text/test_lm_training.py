@@ -44,6 +44,10 @@ def test_trainer_records_tokens_per_s_and_perplexity_without_syncs(corpus, tmp_p
     val = trainer.run_dir.read_metrics("val")[-1]
     assert val["perplexity"] == pytest.approx(torch.tensor(val["loss"]).exp().item(), rel=1e-5)
     assert 0 <= val["token_accuracy"] <= 1 and val["loss"] < train[0]["loss"] + 1
+    summary = trainer.run_dir.read_summary()  # a language model, said so (issue 35), with its typical tokens/s
+    assert summary["task"]["kind"] == "language_model" and summary["task"]["headline"] == "loss"
+    assert summary["task"]["detail"].startswith("language model, vocabulary of")
+    assert summary["timings"]["tokens_per_s"] > 0
 
 
 def test_mfu_and_the_progress_line():
