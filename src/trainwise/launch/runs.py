@@ -154,6 +154,9 @@ def check_config_unchanged(run: RunDir, config: RunConfig, choice: CheckpointCho
                                   checkpoint=choice.path.name, step=header["step"] or 0, written=written)
     if changes and main:
         message = "resumed with changed settings (--allow-config-change): " + "; ".join(map(str, changes))
+        if any(c.path in ("train.max_steps", "train.epochs") for c in changes):
+            message += (f". The LR schedule is re-fitted, not re-shaped: from step {header['step']} the LR goes on "
+                        "from its value there and the rest of the decay ends at the new last step (no jump)")
         run.log_event("config_changed", message, severity="warning", step=header["step"],
                       evidence={"changes": [{"field": c.path, "old": c.old, "new": c.new} for c in changes],
                                 "checkpoint_config_hash": header["config_hash"]})
