@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError, TrainwiseWarning
-from trainwise.launch.torchrun import Launch, inside_a_launch, launch
+from trainwise.errors import ConfigWarning, RunDirError, RunDirWarning, TrainwiseError, TrainwiseWarning
+from trainwise.launch.torchrun import STARTED_BY_TRAINWISE, Launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -98,6 +98,20 @@ app = typer.Typer(
 )
 console = Console()
 
+
+def _print_version(given: bool) -> None:
+    if given:
+        from trainwise import __version__
+
+        typer.echo(f"trainwise {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    """Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server."""
+
 OVERRIDES_HELP = "Dotted overrides of the recipe, e.g. optim.lr=3e-4 train.max_steps=200."
 
 
@@ -118,10 +132,13 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print {recipe: d
 
 
 def _override_reference() -> str:
+    """Every field for `train --help`, escaped: Rich reads `[llm]` in "pip install 'trainwise[llm]'" as markup."""
+    from rich.markup import escape
+
     from trainwise.config import field_reference
 
     lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):"]
-    lines += [f"{key} = {default!r}: {description}" for key, default, description in field_reference()]
+    lines += [escape(f"{key} = {default!r}: {description}") for key, default, description in field_reference()]
     return "\n\n".join(lines)
 
 
@@ -150,6 +167,8 @@ def train(
     from trainwise.recipes import load_recipe
     from trainwise.launch.runs import train_run
 
+    if inside_a_launch() and (os.environ.get(STARTED_BY_TRAINWISE) or not _speaks_for_the_job()):
+        warnings.filterwarnings("ignore", category=ConfigWarning)  # said once: by the launcher, or by rank 0
     config = load_recipe(recipe, overrides or [])
     recipe_file = Path(recipe) if Path(recipe).is_file() else None
     if nproc is not None and not inside_a_launch():
@@ -191,6 +210,7 @@ def _planned_strategy(config, ranks: int) -> list[str]:
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
+           overrides: Optional[list[str]] = typer.Argument(None, hidden=True),  # refused with the way to do it
            nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N",
                                                help="Ranks per node, as for `train`."),
            nnodes: int = typer.Option(1, "--nnodes", min=1, metavar="N", help="Machines in the job, as for `train`."),
@@ -210,6 +230,8 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     2 bad input; 1 a failure."""
     from trainwise.launch.runs import resume_run
 
+    if overrides:
+        _refuse_resume_overrides(run_dir, overrides)
     if nproc is not None and not inside_a_launch():
         from trainwise.launch.runs import check_before_launch
         from trainwise.rundir.layout import RunDir
@@ -223,6 +245,24 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     with _exit_code_of_the_run(run_dir):
         run = resume_run(run_dir, [_peak_flops()], trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
+
+
+def _refuse_resume_overrides(run_dir: Path, overrides: list[str]) -> None:
+    """`resume RUN train.max_steps=600`: a resume continues the run with its config.yaml, so settings change
+    there (and only the ones safe mid-run, with --allow-config-change). Say how, with the user's own values."""
+    from trainwise.config.diff import SAFE_TO_CHANGE
+    from trainwise.errors import ConfigError
+
+    def edit(item: str) -> str:
+        key, _, value = item.partition("=")
+        *sections, leaf = key.split(".")
+        return f"`{leaf}: {value}`" + (f" under `{':'.join(sections)}:`" if sections else "")
+
+    edits = "; ".join(edit(item) for item in overrides)
+    raise ConfigError(f"resume takes no KEY=VALUE overrides ({' '.join(overrides)}): a resumed run continues "
+                      f"with its own {run_dir / 'config.yaml'}. Edit that file ({edits}), "
+                      f"then `trainwise resume {run_dir} --allow-config-change`. Settings a resume accepts: "
+                      f"{', '.join(SAFE_TO_CHANGE)}.")
 
 
 @app.command()

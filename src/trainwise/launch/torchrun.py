@@ -16,6 +16,8 @@ from trainwise.errors import ConfigError, TrainingError
 
 STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a signal, checkpointed, resumable
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGQUIT")
+# set for the ranks `trainwise ... --nproc N` starts: what the launcher already said before them, they do not repeat
+STARTED_BY_TRAINWISE = "TRAINWISE_LAUNCHED"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ def launch(command: list[str], plan: Launch, run_dir: Path) -> int:
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
+    os.environ[STARTED_BY_TRAINWISE] = "1"
     # the agent's own log ("Sending process … closing signal SIGTERM", "failed (exitcode: 2)") repeats what the
     # ranks said or what the TrainingError below says in words: quiet in this process, which only runs the agent
     logging.disable(logging.ERROR)
