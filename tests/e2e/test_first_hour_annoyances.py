@@ -44,3 +44,14 @@ def test_resume_with_overrides_says_where_settings_change(tmp_path, capsys):
 
 def test_generate_is_greedy_unless_asked_to_sample():
     assert Sampling().temperature == 0.0
+
+
+def test_prepares_next_step_names_the_model_whose_tokenizer_made_the_data(tmp_path):
+    from trainwise.cli.data import next_step
+
+    model = tmp_path / "models" / "smol"
+    model.mkdir(parents=True)
+    chats = {"kind": "text", "instruct": {"template": "chatml"}}
+    assert f"sft-lora model.hf={model} data.path=" in next_step(chats, tmp_path / "ds", str(model))
+    assert "model.hf=MODEL_DIR" in next_step(chats, tmp_path / "ds", "bytes")
+    assert f"lm-gpt model.hf={model} data.path=" in next_step({"kind": "text"}, tmp_path / "ds", str(model))
