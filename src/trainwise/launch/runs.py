@@ -39,13 +39,13 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     seed_everything(config.seed)
     bundle = build_data(config)
     check_labels(bundle)
+    model = build_model(config, bundle.spec)
     findings = []
     if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
         from trainwise.check.sanity import raise_for_errors, sanity_check
 
-        findings = sanity_check(config, bundle)
+        findings = sanity_check(config, bundle, model)  # the probe trains this model and restores its weights
         raise_for_errors(findings)
-    model = build_model(config, bundle.spec)
     sanity = SanityFindings(findings)
     said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
