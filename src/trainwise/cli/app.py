@@ -100,10 +100,8 @@ console = Console()
 
 
 def _print_version(given: bool) -> None:
-    if given:
-        from trainwise import __version__
-
-        typer.echo(f"trainwise {__version__}")
+    if given:  # the package's own __version__ (this module is inside it: it is imported already)
+        typer.echo(f"trainwise {sys.modules['trainwise'].__version__}")
         raise typer.Exit()
 
 
@@ -248,17 +246,13 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
 
 def _refuse_resume_overrides(run_dir: Path, overrides: list[str]) -> None:
-    """`resume RUN train.max_steps=600`: a resume continues the run with its config.yaml, so settings change
-    there (and only the ones safe mid-run, with --allow-config-change). Say how, with the user's own values."""
+    """`resume RUN train.max_steps=600`: a resumed run keeps its config.yaml; say how to change it there."""
     from trainwise.config.diff import SAFE_TO_CHANGE
     from trainwise.errors import ConfigError
 
-    def edit(item: str) -> str:
-        key, _, value = item.partition("=")
-        *sections, leaf = key.split(".")
-        return f"`{leaf}: {value}`" + (f" under `{':'.join(sections)}:`" if sections else "")
-
-    edits = "; ".join(edit(item) for item in overrides)
+    keys = [(item.partition("=")[0].rpartition("."), item.partition("=")[2]) for item in overrides]
+    edits = "; ".join(f"`{leaf}: {value}`" + (f" under `{section}:`" if section else "")
+                      for (section, _, leaf), value in keys)
     raise ConfigError(f"resume takes no KEY=VALUE overrides ({' '.join(overrides)}): a resumed run continues "
                       f"with its own {run_dir / 'config.yaml'}. Edit that file ({edits}), "
                       f"then `trainwise resume {run_dir} --allow-config-change`. Settings a resume accepts: "
