@@ -58,5 +58,6 @@ def test_the_resume_command_carries_the_launch(monkeypatch):
 def test_the_exit_code_after_a_signal_follows_what_rank_0_recorded(tmp_path):
     assert exit_code_after_signal(signal.SIGINT, tmp_path) == 130  # stopped before any step was kept
     assert exit_code_after_signal(signal.SIGTERM, tmp_path) == 143
-    (tmp_path / "summary.json").write_text('{"status": "stopped"}')
-    assert exit_code_after_signal(signal.SIGTERM, tmp_path) == 75
+    (tmp_path / "summary.json").write_text('{"status": "stopped", "updated": 1000.0}')
+    assert exit_code_after_signal(signal.SIGTERM, tmp_path, since=999.0) == 75
+    assert exit_code_after_signal(signal.SIGTERM, tmp_path, since=1001.0) == 143  # an earlier run's summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,14 +67,15 @@ def launch(command: list[str], plan: Launch, run_dir: Path) -> int:
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
-    os.environ[STARTED_BY_TRAINWISE] = "1"
+    os.environ[STARTED_BY_TRAINWISE] = "1"  # the ranks inherit it
+    started = time.time()
     # the agent's own log ("Sending process … closing signal SIGTERM", "failed (exitcode: 2)") repeats what the
     # ranks said or what the TrainingError below says in words: quiet in this process, which only runs the agent
     logging.disable(logging.ERROR)
     try:
         run(get_args_parser().parse_args(plan.torchrun_args(command)))
     except SignalException as stopped:  # Ctrl-C or a scheduler's SIGTERM to this process: the agent passed it on
-        return exit_code_after_signal(int(stopped.sigval), run_dir)
+        return exit_code_after_signal(int(stopped.sigval), run_dir, since=started)
     except ChildFailedError as failed:
         failures = failed.failures
         codes = {rank: failure.exitcode for rank, failure in failures.items()}
@@ -87,15 +89,17 @@ def launch(command: list[str], plan: Launch, run_dir: Path) -> int:
                             "the run directory's error.log and summary.json hold rank 0's view.") from None
     finally:
         logging.disable(logging.NOTSET)
+        os.environ.pop(STARTED_BY_TRAINWISE, None)
     return 0
 
 
-def exit_code_after_signal(signum: int, run_dir: Path) -> int:
+def exit_code_after_signal(signum: int, run_dir: Path, since: float = 0.0) -> int:
     """The job's exit code once the launcher was signalled and its ranks were given the signal too (and waited
     for, up to torch's shutdown timeout): 75 where rank 0 recorded a clean stop with its checkpoint (it printed
-    how to continue), else the shell's 128 + signal (130 for Ctrl-C) for a job stopped before it had a step to
-    keep."""
+    how to continue) after `since`, the job's start (not an earlier run's summary), else the shell's 128 +
+    signal (130 for Ctrl-C) for a job stopped before it had a step to keep."""
     from trainwise.rundir.layout import RunDir
 
-    status = RunDir(run_dir).read_summary().get("status")  # {} before training started
-    return STOPPED_EXIT_CODE if status == "stopped" else 128 + signum
+    summary = RunDir(run_dir).read_summary()  # {} before training started
+    stopped = summary.get("status") == "stopped" and float(summary.get("updated") or 0) >= since
+    return STOPPED_EXIT_CODE if stopped else 128 + signum
