@@ -2,6 +2,7 @@
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
+DEMO_STAMP := .venv/.installed-demo
 # The CPU build lying on this machine's disk; a GPU server keeps its own CUDA torch (pyproject says torch>=2.4).
 TORCH   ?= torch==2.13.0
 
@@ -12,6 +13,13 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
+
+# The demo needs trainwise's own dependencies only: no test runner, no Hugging Face libraries, no pyarrow.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e .
+	touch $(DEMO_STAMP)
 
 # The report's browser test needs a headless chromium. Installing it is set-up, done here and said so, never
 # from inside a test; where it cannot be installed the test skips and says why, and `make test` still runs.
@@ -24,7 +32,7 @@ browser:
 	  echo "could not install chromium; the browser test will skip (install it with: apt-get install chromium)"; \
 	else echo "no chromium: the report's browser test will skip (install it with: sudo apt-get install chromium)"; fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	.venv/bin/trainwise demo --out runs/demo --overwrite
 
 # The suite over every core (pytest-xdist); a test module (or class) stays on one worker, so that its fixtures

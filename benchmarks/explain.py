@@ -9,6 +9,7 @@ the tuned figure is printed beside it to show how much the rules overfit their o
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -27,6 +28,9 @@ LONG_LOG_TARGET_S = 15.0  # ~1 s on a laptop; pattern-per-line matching took ~20
 HISTORY = [
     {"set": "held-out batch 1 (60 texts, commit e664195)", "rules": "before widening", "accuracy": 0.5833},
     {"set": "held-out batch 2 (30 texts, commit 5cc9a41)", "rules": "first widening", "accuracy": 0.7667},
+    {"set": "held-out, 47 earlier texts", "rules": "before issue 35", "accuracy": 0.9574},
+    {"set": "issue 35 batch (10 texts: no GPU visible, NCCL timeouts, NaN losses; written before the rules "
+            "were changed)", "rules": "before issue 35", "accuracy": 0.8},
 ]
 
 
@@ -45,10 +49,11 @@ def texts(split: str) -> list[tuple[str, Path, str]]:
 def score(split: str) -> dict:
     rows = texts(split)
     started = time.perf_counter()
-    misses, per_category = [], Counter()
+    misses, per_category, per_batch = [], Counter(), Counter()
     for category, path, log in rows:
         got = explain(log).code
         per_category[category, got == category] += 1
+        per_batch[batch(path), got == category] += 1
         if got != category:
             misses.append({"text": str(path.relative_to(CORPUS)), "expected": category, "got": got})
     seconds = time.perf_counter() - started
@@ -59,8 +64,16 @@ def score(split: str) -> dict:
         "accuracy": round(right / len(rows), 4),
         "per_category": {c: f"{per_category[c, True]}/{per_category[c, True] + per_category[c, False]}"
                          for c in categories},
+        "by_batch": {b: f"{per_batch[b, True]}/{per_batch[b, True] + per_batch[b, False]}"
+                     for b in sorted({batch(path) for _, path, _ in rows})},
         "misses": misses, "seconds": round(seconds, 3),
     }
+
+
+def batch(path: Path) -> str:
+    """Which set a text came in: issue 35's ten (i35-*, written before the rules were changed for that issue)
+    or the earlier ones."""
+    return "issue 35 batch" if path.name.startswith("i35-") else "earlier"
 
 
 def long_log() -> dict:
@@ -77,7 +90,7 @@ def main() -> None:
     heldout, tuned, long = score("heldout"), score("tuned"), long_log()
     print(f"long log: {long['lines']} lines in {long['seconds']:.2f} s ({long['code']})")
     for name, result in (("held-out", heldout), ("tuned", tuned)):
-        print(f"{name}: {result['right']}/{result['texts']} = {result['accuracy']:.1%}")
+        print(f"{name}: {result['right']}/{result['texts']} = {result['accuracy']:.1%} {result['by_batch']}")
         for miss in result["misses"]:
             print(f"  miss {miss['text']}: {miss['got']}")
     write_result("explain", {
@@ -88,6 +101,13 @@ def main() -> None:
         "meets_targets": heldout["accuracy"] >= TARGET and long["code"] == "cuda_oom"
                          and long["seconds"] < LONG_LOG_TARGET_S,
         "history": HISTORY,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "issue_35": "The ten issue-35 texts scored 8/10 with the rules as they were (missed: a progress table whose "
+                    "loss columns read nan; 'ProcessGroupNCCL ... no GPUs found'). Those two misses were seen "
+                    "before the rules changed; the changes are general patterns (nan loss columns, a printed loss "
+                    "tensor, 'no GPUs found' / 'CUDA is not available', a timeout named beside its collective, a "
+                    "DistBackendError that timed out is a timeout, not an NCCL error), but the batch's 10/10 "
+                    "afterwards is not an unseen figure: 8/10 is. The 47 earlier texts were not read.",
         "note": "timings are on a 2-core machine shared by other jobs; the tuned and held-out texts were written "
                 "by the same person, so the held-out figure is evidence, not proof, of accuracy on strangers' logs",
     })

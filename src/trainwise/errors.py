@@ -74,6 +74,10 @@ class RunDirWarning(TrainwiseWarning):
     """A run directory holds something a reader skipped (a malformed record, a damaged summary)."""
 
 
+class ConfigWarning(TrainwiseWarning):
+    """A setting the recipe gave, fitted to the run the overrides ask for (a warmup longer than the run)."""
+
+
 
 
 class ModelCallError(TrainwiseError):

@@ -284,3 +284,29 @@ def test_every_pattern_contains_one_of_its_rules_keywords():
     for rule in RULES:
         for pattern in rule.patterns:
             assert any(word in pattern.pattern.lower() for word in rule.keywords), (rule.code, pattern.pattern)
+
+
+@pytest.mark.parametrize("line, category", [
+    # issue 35: scripts' and libraries' own words for "no GPU here"
+    ("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!", "no_gpu_visible"),
+    ("ValueError: CUDA is not available on this machine; pass --device cpu", "no_gpu_visible"),
+    ("AssertionError: torch.cuda.device_count() == 0, expected at least 1", "no_gpu_visible"),
+    # a timeout raised as a DistBackendError, or named beside its collective, is a timeout
+    ("torch.distributed.DistBackendError: [1] wait timeout after 600000ms, keys: /default_pg//0//cuda//0",
+     "nccl_timeout"),
+    ("RuntimeError: all_reduce on rank 3 timed out after 1800 s", "nccl_timeout"),
+    ("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", "nccl_timeout"),
+    # a loss printed as a tensor, and a table whose loss columns read nan
+    ("step 400 loss: tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)", "nan_loss"),
+    ("epoch  train_loss  valid_loss  error_rate  time\n3      nan         nan         0.900000    00:41", "nan_loss"),
+])
+def test_issue_35_wordings(line, category):
+    assert explain(line).code == category
+
+
+@pytest.mark.parametrize("line", [
+    "   age  income\n0  NaN  NaN\n1  31.0  NaN",            # a data frame's missing values: no loss
+    "RuntimeError: DataLoader worker (pid 812) timed out after 120 seconds",   # no collective
+])
+def test_what_is_not_a_nan_loss_nor_a_collective_timeout(line):
+    assert explain(line).code not in ("nan_loss", "nccl_timeout")

@@ -45,13 +45,16 @@ def test_several_nodes_need_a_rendezvous_endpoint(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+SIGNALS = ["--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"]  # passed on to the ranks
+
+
 def test_torchrun_arguments_for_one_machine_and_for_several():
     assert Launch(4).torchrun_args(["train", "digits"]) == [
-        "--nproc-per-node", "4", "--standalone", "-m", "trainwise", "train", "digits"]
+        "--nproc-per-node", "4", "--standalone", *SIGNALS, "-m", "trainwise", "train", "digits"]
     several = Launch(8, nnodes=2, node_rank=1, rdzv_endpoint="head-node:29500", run_id="r1")
     assert several.torchrun_args(["resume", "runs/r1"]) == [
         "--nproc-per-node", "8", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head-node:29500",
-        "--rdzv-id", "r1", "--node-rank", "1", "-m", "trainwise", "resume", "runs/r1"]
+        "--rdzv-id", "r1", "--node-rank", "1", *SIGNALS, "-m", "trainwise", "resume", "runs/r1"]
 
 
 @pytest.mark.slow

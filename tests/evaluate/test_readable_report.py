@@ -5,7 +5,7 @@ from trainwise.evaluate.readable import fmt, readable_evidence
 from trainwise.evaluate.report import gather
 from trainwise.findings import Finding
 from trainwise.rundir.layout import RunDir
-from trainwise.train.summary import typical_rate
+from trainwise.rundir.records import typical_rate
 
 
 def test_one_number_format():

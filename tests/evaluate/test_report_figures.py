@@ -5,7 +5,8 @@ import math
 
 from tests.evaluate.fake_run import make_fake_run
 from tests.evaluate.test_report import _images, _write_eval
-from trainwise.evaluate.report import figures, gather, telemetry_figures, write_report
+from trainwise.evaluate.report import gather, write_report
+from trainwise.evaluate.report_charts import figures, telemetry_figures
 from trainwise.recipes import load_recipe
 from trainwise.rundir.layout import RunDir
 

@@ -212,3 +212,15 @@ def test_lora_on_fused_experts_leaves_dropout_out_and_says_so():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a dense model keeps its dropout, silently
         methods.add_lora(tiny_model(), settings)
+
+
+def test_lora_on_gpt2s_conv1d_layers_is_quiet_and_a_catalogue_name_as_model_hf_says_what_to_do():
+    """Issue 35: GPT-2's transposed Conv1D projections made peft warn once per layer; `model.hf=gpt2` (a
+    catalogue name, not a directory) is refused with the two ways on."""
+    base = hf.build_model(hf.resolve_config("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64), device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = methods.apply_method(base, "lora", lora=methods.LoraSettings(rank=4, alpha=8.0, dropout=0.0))
+    assert methods.parameter_counts(model).trainable > 0
+    with pytest.raises(ConfigError, match=r"model\.hf_config=gpt2 builds a randomly initialised gpt2.*model\.hf=DIR"):
+        hf.load_pretrained("gpt2")

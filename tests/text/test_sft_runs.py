@@ -215,6 +215,9 @@ def test_eval_scores_held_out_answers_and_the_report_shows_base_and_tuned(straig
     assert result["tokens"] > 0  # loss / perplexity / token accuracy over the answers' tokens only
     table = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final")
     assert "held-out prompts" in table.stdout and "base and tuned answers" in table.stdout
+    assert "answer tokens" in table.stdout  # what the metrics above count (issue 35: not "samples")
+    task = straight.read_summary()["task"]
+    assert task["kind"] == "language_model" and task["detail"].startswith("instruction fine-tune")
     report = invoke(capsys, "report", str(straight.path), "--format", "md")
     assert report.returncode == 0, report.stderr
     assert "Fine-tune: exact match" in (straight.path / "report.md").read_text()

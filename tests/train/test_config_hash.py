@@ -172,3 +172,20 @@ def test_a_field_newer_than_the_checkpoint_and_config_yaml_is_no_change():
     del stored["train"]["dist_timeout_s"], written["train"]["dist_timeout_s"]  # as written by an older trainwise
     assert check_resume_config(stored, config, allow_change=False, checkpoint="last.pt", step=10,
                                written=written) == []
+
+
+def test_a_shorter_run_on_resume_keeps_the_lr_continuous(stopped_run):
+    """Issue 35: 2,000 -> 600 steps at step 350 made the cosine LR jump from 9.76e-4 to 5.50e-4. The rest of the
+    decay is re-fitted from the LR at the checkpoint's step instead, and the warning says so."""
+    run, _ = stopped_run
+    before = {r["step"]: r["lr"] for r in run.read_metrics("train") if r["step"] <= 10}
+    _edit_config(run, train__max_steps=16, train__log_every=1)
+    with pytest.warns(Warning, match="re-fitted, not re-shaped: from step 10"):
+        resume_run(run.path, allow_config_change=True)
+    lrs = {r["step"]: r["lr"] for r in run.read_metrics("train")}
+    assert run.read_summary()["steps"] == 16
+    after = [lrs[step] for step in range(10, 17)]
+    assert after[0] == pytest.approx(before[10]) and all(a >= b for a, b in zip(after, after[1:])), lrs
+    # one step on, the re-fitted cosine (6 steps left) is at 78% of where it was; re-shaped to 16 steps it
+    # would have dropped to 30% at once
+    assert lrs[11] > 0.7 * before[10] and lrs[16] == pytest.approx(0.0, abs=1e-12)

@@ -10,6 +10,8 @@ design: at most MAX_ROWS rows of each split are read, and the probe is a few doz
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,15 +28,17 @@ PROBE_ROWS = 64  # one batch: the run's micro-batch, capped so the probe stays f
 TOKENS_READ = 1 << 20  # text: the first sequences of each split up to about this many tokens
 
 
-def sanity_check(config: RunConfig, bundle: Any = None) -> list[Finding]:
-    """Every sanity finding for `config`, worst first. `bundle`: the DataBundle when the caller has built it
-    already (`train` has); built from the config otherwise. Bad labels raise DataError (exit 2).
+def sanity_check(config: RunConfig, bundle: Any = None, model: Any = None) -> list[Finding]:
+    """Every sanity finding for `config`, worst first. `bundle`, `model`: the DataBundle and the model when the
+    caller has built them already (`train` has: the probe then trains that model and gives its weights back as
+    they were, rather than loading a second copy); built from the config otherwise. Bad labels raise DataError
+    (exit 2).
 
     Leaves the random state as it found it, so a run trained after its check starts from the same weights
     as one trained without it."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        return _sanity_check(config, bundle)
+        return _sanity_check(config, bundle, model)
 
 
 def raise_for_errors(findings: list[Finding]) -> None:
@@ -50,7 +54,7 @@ def raise_for_errors(findings: list[Finding]) -> None:
                         "train.sanity=false.")
 
 
-def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
+def _sanity_check(config: RunConfig, bundle: Any, built: Any = None) -> list[Finding]:
     from trainwise.data.bundle import check_labels
     from trainwise.diagnose.task_profile import check_monitor, task_profile, validation_kind
     from trainwise.recipes.factories import build_data, build_model
@@ -76,18 +80,41 @@ def _sanity_check(config: RunConfig, bundle: Any) -> list[Finding]:
         samples = [bundle.train[i] for i in range(rows)]
         inputs, targets = {key: torch.stack([s[key] for s in samples]) for key in samples[0]}, None
     torch.manual_seed(config.seed)
-    model = build_model(config, spec)
+    model = built if built is not None else build_model(config, spec)
     if getattr(model, "counted", False):  # fitted by counting (the popularity baseline): nothing to memorise
         return worst_first(findings)
     device = resolve_device(config.train.device)
-    # the run's own step (TrainStep.from_config), so what the probe finds is what training would meet
-    step = TrainStep.from_config(model.to(device), config, task=spec.task, device=device,
-                                 precision=resolve_precision(config.train.precision, device))
-    findings.append(probe_step(step, inputs, targets, planned_steps=config.train.total_steps(len(bundle.train))
-                               * max(1, config.train.batch_size // rows),
-                               random_base=config.model.hf is None and config.model.factory is None))  # hf_config, built-in
+    with weights_kept(model if built is not None else None):
+        # the run's own step (TrainStep.from_config), so what the probe finds is what training would meet
+        step = TrainStep.from_config(model.to(device), config, task=spec.task, device=device,
+                                     precision=resolve_precision(config.train.precision, device))
+        findings.append(probe_step(step, inputs, targets, planned_steps=config.train.total_steps(len(bundle.train))
+                                   * max(1, config.train.batch_size // rows),
+                                   random_base=config.model.hf is None and config.model.factory is None))
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
+
+
+@contextmanager
+def weights_kept(model: Any) -> Iterator[None]:
+    """The probe trains the run's own model for a few steps: its trainable weights and buffers (a copy of
+    those only: a frozen base cannot move) are put back afterwards, gradients cleared. None: nothing to keep."""
+    if model is None:
+        yield
+        return
+    kept = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in kept:
+                    p.copy_(kept[name])
+                p.grad = None
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
 
 
 def split_data(name: str, dataset: Any, limit: int = MAX_ROWS) -> SplitData:

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwise.errors import RunDirError, RunDirWarning, TrainwiseError, TrainwiseWarning
-from trainwise.launch.torchrun import Launch, inside_a_launch, launch
+from trainwise.errors import ConfigWarning, RunDirError, RunDirWarning, TrainwiseError, TrainwiseWarning
+from trainwise.launch.torchrun import STARTED_BY_TRAINWISE, Launch, inside_a_launch, launch
 
 try:  # typer ≥ 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -98,6 +98,18 @@ app = typer.Typer(
 )
 console = Console()
 
+
+def _print_version(given: bool) -> None:
+    if given:  # the package's own __version__ (this module is inside it: it is imported already)
+        typer.echo(f"trainwise {sys.modules['trainwise'].__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    """Plan, check, prepare, train, diagnose, evaluate and monitor PyTorch training on a GPU server."""
+
 OVERRIDES_HELP = "Dotted overrides of the recipe, e.g. optim.lr=3e-4 train.max_steps=200."
 
 
@@ -118,10 +130,13 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print {recipe: d
 
 
 def _override_reference() -> str:
+    """Every field for `train --help`, escaped: Rich reads `[llm]` in "pip install 'trainwise[llm]'" as markup."""
+    from rich.markup import escape
+
     from trainwise.config import field_reference
 
     lines = ["Fields a recipe sets and key=value overrides (recipe defaults may differ):"]
-    lines += [f"{key} = {default!r}: {description}" for key, default, description in field_reference()]
+    lines += [escape(f"{key} = {default!r}: {description}") for key, default, description in field_reference()]
     return "\n\n".join(lines)
 
 
@@ -150,6 +165,8 @@ def train(
     from trainwise.recipes import load_recipe
     from trainwise.launch.runs import train_run
 
+    if inside_a_launch() and (os.environ.get(STARTED_BY_TRAINWISE) or not _speaks_for_the_job()):
+        warnings.filterwarnings("ignore", category=ConfigWarning)  # said once: by the launcher, or by rank 0
     config = load_recipe(recipe, overrides or [])
     recipe_file = Path(recipe) if Path(recipe).is_file() else None
     if nproc is not None and not inside_a_launch():
@@ -160,7 +177,7 @@ def train(
         check_before_launch(config, plan.ranks, out, overwrite=overwrite, recipe_file=recipe_file)  # said once
         extra = _planned_strategy(config, plan.ranks)
         command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
-        raise typer.Exit(launch(command, plan))
+        raise typer.Exit(launch(command, plan, out))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
         run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
                         recipe_file=recipe_file, callbacks=[_peak_flops()])
@@ -191,7 +208,14 @@ def _planned_strategy(config, ranks: int) -> list[str]:
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="A run directory written by `trainwise train`."),
-           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks per node, as for `train`."),
+           overrides: Optional[list[str]] = typer.Argument(None, hidden=True),  # refused with the way to do it
+           nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N",
+                                               help="Ranks per node, as for `train`."),
+           nnodes: int = typer.Option(1, "--nnodes", min=1, metavar="N", help="Machines in the job, as for `train`."),
+           node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, metavar="I",
+                                                   help="This machine's index, 0..nnodes-1."),
+           rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT",
+                                                       help="The address every node reaches, as for `train`."),
            trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made "
                                            "by someone else names (read its config.yaml first)."),
            allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Accept edits of "
@@ -204,17 +228,35 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
     2 bad input; 1 a failure."""
     from trainwise.launch.runs import resume_run
 
+    if overrides:
+        _refuse_resume_overrides(run_dir, overrides)
     if nproc is not None and not inside_a_launch():
         from trainwise.launch.runs import check_before_launch
         from trainwise.rundir.layout import RunDir
 
-        check_before_launch(RunDir.open(run_dir).read_config(), nproc)
+        plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=run_dir.name)
+        plan.check()
+        check_before_launch(RunDir.open(run_dir).read_config(), plan.ranks)
         command = ["resume", str(run_dir)] + (["--trust-code"] if trust_code else []) + (
             ["--allow-config-change"] if allow_config_change else [])
-        raise typer.Exit(launch(command, Launch(nproc, run_id=run_dir.name)))
+        raise typer.Exit(launch(command, plan, run_dir))
     with _exit_code_of_the_run(run_dir):
         run = resume_run(run_dir, [_peak_flops()], trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
+
+
+def _refuse_resume_overrides(run_dir: Path, overrides: list[str]) -> None:
+    """`resume RUN train.max_steps=600`: a resumed run keeps its config.yaml; say how to change it there."""
+    from trainwise.config.diff import SAFE_TO_CHANGE
+    from trainwise.errors import ConfigError
+
+    keys = [(item.partition("=")[0].rpartition("."), item.partition("=")[2]) for item in overrides]
+    edits = "; ".join(f"`{leaf}: {value}`" + (f" under `{section}:`" if section else "")
+                      for (section, _, leaf), value in keys)
+    raise ConfigError(f"resume takes no KEY=VALUE overrides ({' '.join(overrides)}): a resumed run continues "
+                      f"with its own {run_dir / 'config.yaml'}. Edit that file ({edits}), "
+                      f"then `trainwise resume {run_dir} --allow-config-change`. Settings a resume accepts: "
+                      f"{', '.join(SAFE_TO_CHANGE)}.")
 
 
 @app.command()
@@ -310,8 +352,8 @@ def _print_outcome(summary: dict, path: Path) -> None:
         if best.get("value") is not None:
             line += f"; best {best.get('metric')} = {best['value']:.4g} at step {best.get('step')}"
         console.print(line)
-        if message:
-            console.print(message)
+        if message:  # it ends with the command that continues the run: one line to copy, never cut by Rich
+            console.print(message, soft_wrap=True, highlight=False)
     console.print(f"run directory: {path}")
 
 

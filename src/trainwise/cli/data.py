@@ -98,11 +98,12 @@ def prepare(
                       "(text is tokenised again). Add --force to start over.", soft_wrap=True, highlight=False,
                       markup=False)
         raise typer.Exit(130) from None
-    _print_result(result, to)
+    _print_result(result, to, tokenizer)
 
 
-def _print_result(result, to: Path) -> None:
-    """What prepare did, how it read the source, what it warns of, and the command that trains on it."""
+def _print_result(result, to: Path, tokenizer: str | None = None) -> None:
+    """What prepare did, how it read the source, what it warns of, and the command that trains on it (with the
+    model whose tokenizer `--tokenizer` named)."""
     for note in result.notes:
         console.print(note, highlight=False, markup=False, soft_wrap=True)
     for warning in result.warnings:
@@ -111,7 +112,7 @@ def _print_result(result, to: Path) -> None:
     if result.status == "up-to-date":
         console.print(f"{to}: up to date (same source and options); nothing to do. Use --force to redo it.",
                       soft_wrap=True)
-        _print_next_step(manifest, to)
+        _print_next_step(manifest, to, tokenizer)
         return
     counts = ", ".join(f"{split} {info['count']:,}" for split, info in manifest["splits"].items())
     resumed = f"; resumed, {result.reused_shards} shards kept from the interrupted run" if result.reused_shards else ""
@@ -134,23 +135,29 @@ def _print_result(result, to: Path) -> None:
         why = f" ({skipped['reason']})" if skipped.get("reason") else ""
         console.print(f"[yellow]skipped {skipped['count']}[/]{escape(why + listed)} (all listed in manifest.json)",
                       highlight=False, soft_wrap=True)
-    _print_next_step(manifest, to)
+    _print_next_step(manifest, to, tokenizer)
 
 
 MIN_STEPS_PER_EPOCH = 4  # a suggested batch size leaves at least this many optimizer steps per epoch
 
 
-def next_step(manifest: dict, to: Path) -> str:
+def next_step(manifest: dict, to: Path, tokenizer: str | None = None) -> str:
     """The `trainwise train` command that trains on the prepared data, with a batch size the training split
-    can fill (the recipe's default when it fits)."""
+    can fill (the recipe's default when it fits), and the model directory `--tokenizer` named."""
     import shlex
 
     from trainwise.recipes import load_recipe
 
+    model = shlex.quote(tokenizer) if tokenizer and Path(tokenizer).expanduser().is_dir() else None
+
     if manifest["kind"] == "text" and "instruct" in manifest:
-        return (f"Next: trainwise train sft-lora model.hf=MODEL_DIR data.path={shlex.quote(str(to))} --out "
+        return (f"Next: trainwise train sft-lora model.hf={model or 'MODEL_DIR'} "
+                f"data.path={shlex.quote(str(to))} --out "
                 f"runs/{shlex.quote(Path(to).name)} (LoRA on a local Hugging Face model; model.method=full or freeze "
                 "for the others)")
+    if manifest["kind"] == "text" and model:
+        return (f"Next: trainwise train lm-gpt model.hf={model} data.path={shlex.quote(str(to))} --out "
+                f"runs/{shlex.quote(Path(to).name)} (the model whose tokenizer made the data)")
     if manifest["kind"] == "text":
         return (f"Next: trainwise train lm-gpt data.path={shlex.quote(str(to))} --out runs/{shlex.quote(Path(to).name)}"
                 f" (a small GPT; model.hf_config=gpt2 or model.hf=DIR for a Hugging Face model)")
@@ -173,8 +180,8 @@ def next_step(manifest: dict, to: Path) -> str:
             f"{why}")
 
 
-def _print_next_step(manifest: dict, to: Path) -> None:
-    console.print(next_step(manifest, to), soft_wrap=True, highlight=False)
+def _print_next_step(manifest: dict, to: Path, tokenizer: str | None = None) -> None:
+    console.print(next_step(manifest, to, tokenizer), soft_wrap=True, highlight=False)
 
 
 @data_app.command("verify")

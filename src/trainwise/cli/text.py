@@ -20,8 +20,8 @@ def generate_command(
     run_dir: Path = typer.Argument(..., help="A language-model run directory (e.g. from `trainwise train lm-gpt`)."),
     prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
     max_tokens: int = typer.Option(100, "--max-tokens", help="Tokens to generate at most (it stops at end of text)."),
-    temperature: float = typer.Option(0.8, "--temperature", help="0: greedy (the same text every time); higher: "
-                                      "more varied."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy, the same text every time, as "
+                                      "`trainwise eval` writes; higher (e.g. 0.8): sampled, more varied."),
     top_k: Optional[int] = typer.Option(50, "--top-k", help="Sample among the k likeliest tokens only."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),

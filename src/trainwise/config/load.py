@@ -2,6 +2,7 @@
 RunConfig (schema.py) with messages.py's errors, and the YAML written to RUN/config.yaml."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 
 from trainwise.config.messages import check_key_path, format_validation_error
 from trainwise.config.schema import RunConfig
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, ConfigWarning
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -31,12 +32,36 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 def config_from_dict(raw: dict[str, Any], *, source: str = "config",
                      overrides: list[str] | None = None) -> RunConfig:
     raw = _deep_copy(raw)
+    recipe = _deep_copy(raw)
     for item in overrides or []:
         apply_override(raw, item)
+    _fit_warmup(recipe, raw, overrides or [])
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source, overrides or [])) from None
+
+
+def _fit_warmup(recipe: dict[str, Any], raw: dict[str, Any], overrides: list[str]) -> None:
+    """A run shortened by `train.max_steps=N` below the recipe's warmup keeps the recipe's warmup share of
+    the run (100 of 2,000 steps: 5%, so 2 of 50), said as a ConfigWarning; a warmup the overrides set
+    themselves is the user's and is checked as given (RunConfig refuses one that does not fit)."""
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    schedule, train = raw.get("schedule") or {}, raw.get("train") or {}
+    if "train.max_steps" not in keys or keys & {"schedule.warmup_steps", "schedule.warmup_fraction", "schedule"}:
+        return
+    steps, warmup = train.get("max_steps"), schedule.get("warmup_steps")
+    if schedule.get("warmup_fraction") is not None or not all(isinstance(n, int) and n > 0 for n in (steps, warmup)):
+        return
+    planned = (recipe.get("train") or {}).get("max_steps")
+    if warmup < steps or not (isinstance(planned, int) and planned > warmup):  # fits, or never fitted the recipe
+        return
+    share = warmup / planned
+    fitted = min(steps - 1, max(1, round(share * steps))) if steps > 1 else 0
+    schedule["warmup_steps"] = fitted
+    warnings.warn(f"schedule.warmup_steps {warmup} → {fitted}: the recipe's warmup ({share:.0%} of the run) fitted "
+                  f"to train.max_steps={steps}; set schedule.warmup_steps=N to choose it.", ConfigWarning,
+                  stacklevel=4)
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -30,6 +30,7 @@ class DataSpec:
     class_names: tuple[str, ...] | None = None
     num_train: int = 0
     tokenizer_fingerprint: str | None = None  # text: the tokenizer that made the ids (text/tokenizer.py)
+    instruct: bool = False  # text: prompt/answer pairs with the loss on the answers (an instruction fine-tune)
 
 
 @dataclass

@@ -13,14 +13,19 @@ from typing import Any
 import numpy as np
 
 from trainwise.diagnose.task_profile import TaskProfile
-from trainwise.diagnose.curves import Points, series, value_at
+from trainwise.diagnose.curves import Points, loss_drop, series, value_at
 from trainwise.diagnose.findings import Finding
 
 # Logged train losses after warmup needed before calling a trend: fewer are a few noisy batches.
 MIN_POINTS = 6
 # Post-warmup train loss must fall by at least this share of where it started; less is "not learning".
-# Healthy runs drop by far more than 10% within their first few hundred steps.
+# Healthy runs drop by far more than 10% within their first few hundred steps. A language model's loss is
+# measured as the perplexity it stands for: its cross-entropy sits on top of the text's own entropy, so
+# 3.0 -> 2.75 nats (8%) is perplexity 20 -> 15.6 (22%), a normal fine-tune or end of a cosine schedule.
 FLAT_MIN_DROP = 0.10
+# A curve that fell by FLAT_MIN_DROP from its first log (warmup included) and still falls steadily after
+# it (rank correlation of loss with step at most this) learnt and is levelling off, as a decaying LR makes it.
+STEADY_FALL_CORRELATION = -0.5
 # Diverging: the smoothed loss ends above where it started and this many times its minimum.
 DIVERGE_FACTOR = 1.5
 # A gradient norm this many times the median of the previous logs is a spike, not drift: the usual
@@ -60,8 +65,8 @@ def convergence_findings(records: list[dict[str, Any]], *, warmup_steps: int = 0
     train = [(s, v) for s, v in series(records, "train", "loss") if s > warmup_steps and math.isfinite(v)]
     # flat before oscillating: batch-to-batch jitter of a loss that does not fall is not an overshooting
     # optimizer, and "find a working LR" is the advice for both
-    found = (diverging(records, train) or at_chance(records, train, task) or flat(records, train, warmup_steps)
-             or oscillating(records, train))
+    found = (diverging(records, train) or at_chance(records, train, task)
+             or flat(records, train, warmup_steps, task) or oscillating(records, train))
     spikes = gradient_spikes(records, warmup_steps)
     if spikes is not None and (found is None or found.code != "loss_diverging"):
         return [f for f in (found, spikes) if f is not None]
@@ -214,29 +219,52 @@ def oscillating(records: list[dict[str, Any]], train: Points) -> Finding | None:
          "Raise train.batch_size: larger batches average out gradient noise.", LR_SWEEP, CHECK_INPUTS), step=step)
 
 
-def flat(records: list[dict[str, Any]], train: Points, warmup_steps: int = 0) -> Finding | None:
-    """A train loss that has not really fallen since warmup ended."""
+def flat(records: list[dict[str, Any]], train: Points, warmup_steps: int = 0,
+         task: TaskProfile | None = None) -> Finding | None:
+    """A train loss that has not really fallen since warmup ended, nor learnt before it and kept falling."""
     if len(train) < MIN_POINTS:
         return None
     values = [v for _, v in train]
     start, end = float(np.median(values[:3])), float(np.median(values[-3:]))
     if start <= 0:  # a loss that can be negative has no scale to measure a drop against
         return None
-    drop = (start - end) / start
-    if drop >= FLAT_MIN_DROP:
+    perplexity = task is not None and task.kind == "language_model"
+    drop = loss_drop(start, end, perplexity=perplexity)
+    if drop >= FLAT_MIN_DROP or _learnt_and_still_falling(records, train, perplexity):
         return None
     step = train[-1][0]
     lr = value_at(records, "train", "lr", step)
+    scale = "perplexity" if perplexity else "loss"
     return Finding(
-        "loss_flat", "warn", f"train loss is flat: down {max(drop, 0.0):.0%} from step {train[0][0]} to {step}",
+        "loss_flat", "warn", f"train {scale} is flat: down {max(drop, 0.0):.0%} from step {train[0][0]} to {step}",
         f"After warmup ({warmup_steps} steps) the train loss went from {start:.4g} (step {train[0][0]}) to "
-        f"{end:.4g} (step {step}), a drop of {drop:.1%}; the LR was {_fmt(lr)}. The model is not learning.",
+        f"{end:.4g} (step {step}), a drop of {drop:.1%}" + (" in perplexity" if perplexity else "")
+        + f"; the LR was {_fmt(lr)}. The model is not learning.",
         {"start_step": train[0][0], "start_loss": start, "end_step": step, "end_loss": end, "drop": drop,
-         "warmup_steps": warmup_steps, "lr": lr, **_grad_norms(records, step),
-         "rule": f"drop after warmup < {FLAT_MIN_DROP:.0%}"},
+         "measured_on": scale, "warmup_steps": warmup_steps, "lr": lr, **_grad_norms(records, step),
+         "rule": f"{scale} drop after warmup < {FLAT_MIN_DROP:.0%}, and no drop of that size since the first log "
+                 "with a steady fall after warmup"},
         ("Find a working LR: too low does not move, too high cannot settle. " + LR_SWEEP,
          "Lower optim.lr or lengthen schedule.warmup_steps if the gradient norms are large; raise optim.lr if "
          "they are tiny.", CHECK_INPUTS), step=step)
+
+
+def _learnt_and_still_falling(records: list[dict[str, Any]], train: Points, perplexity: bool) -> bool:
+    """The loss fell by FLAT_MIN_DROP from its first log (during warmup, where a model learns fastest) and
+    keeps falling after it, steadily rather than by chance: a curve levelling off, not a model that learns
+    nothing."""
+    first = next((v for _, v in series(records, "train", "loss") if math.isfinite(v)), None)
+    end = float(np.median([v for _, v in train[-3:]]))
+    if first is None or first <= 0 or loss_drop(first, end, perplexity=perplexity) < FLAT_MIN_DROP:
+        return False
+    return _rank_correlation([s for s, _ in train], [v for _, v in train]) <= STEADY_FALL_CORRELATION
+
+
+def _rank_correlation(xs: list[float], ys: list[float]) -> float:
+    """Spearman's: +1 when y always rises with x, -1 when it always falls, near 0 for jitter (no ties expected)."""
+    ranks = [np.argsort(np.argsort(np.asarray(a, dtype=float))).astype(float) for a in (xs, ys)]
+    spread = float(np.std(ranks[0]) * np.std(ranks[1]))
+    return float(np.mean((ranks[0] - ranks[0].mean()) * (ranks[1] - ranks[1].mean()))) / spread if spread else 0.0
 
 
 def gradient_spikes(records: list[dict[str, Any]], warmup_steps: int = 0) -> Finding | None:

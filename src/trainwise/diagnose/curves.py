@@ -88,7 +88,7 @@ def analyse_curves(records: list[dict[str, Any]], *, monitor: str = "val/loss",
     # a flat or diverging loss is not underfitting: that is the finding to act on first. A next-item loss
     # has no scale to call "levelled off too high" by: thousands of items keep it high in a healthy run
     if not convergence and (task is None or task.kind != "next_item"):
-        fit.append(underfitting(train, val))
+        fit.append(underfitting(train, val, perplexity=task is not None and task.kind == "language_model"))
     return CurveAnalysis(best=best_point(records, monitor, mode),
                          findings=convergence + [f for f in fit if f is not None])
 
@@ -128,8 +128,14 @@ def overfitting(train: Points, val: Points, *, patience: int = 3, early_stopping
                     "those weights.", *regularise), step=best_step)
 
 
-def underfitting(train: Points, val: Points) -> Finding | None:
-    """Train loss that fell but levelled off near its start: the model is not fitting even the train set."""
+def loss_drop(start: float, end: float, *, perplexity: bool = False) -> float:
+    """The share a loss fell from `start` to `end`; `perplexity`: of the perplexity exp(loss) they stand for."""
+    return 1.0 - math.exp(min(end - start, 700.0)) if perplexity else (start - end) / start
+
+
+def underfitting(train: Points, val: Points, *, perplexity: bool = False) -> Finding | None:
+    """Train loss that fell but levelled off near its start: the model is not fitting even the train set.
+    `perplexity`: a language model's share kept is of the perplexity its loss stands for (convergence.py)."""
     if len(train) < 6:
         return None
     values = [v for _, v in train]
@@ -137,7 +143,7 @@ def underfitting(train: Points, val: Points) -> Finding | None:
     half_step, half = train[len(values) // 2]
     if start <= 0 or not math.isfinite(end):
         return None
-    kept = end / start
+    kept = 1.0 - loss_drop(start, end, perplexity=perplexity)
     recent_change = (half - end) / half if half > 0 else 0.0
     if kept < UNDERFIT_KEPT or recent_change > PLATEAU_CHANGE:
         return None

@@ -234,8 +234,12 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  r"You requested gpus?: \[", r"(?:CUDA|GPU)Accelerator can not run on your system",
                  r"couldn't communicate with the NVIDIA driver", r"nvml error: driver not loaded",
                  r"could not select device driver \"[^\"]*\" with capabilities: \[\[gpu\]\]",
-                 r"(?i:mixed precision requires a GPU)"),
-        keywords=("gpu", "driver", "device", "environment", "error 802", "accelerator"),
+                 r"(?i:mixed precision requires a GPU)",
+                 # the words of scripts and libraries that checked and found none
+                 r"(?i:\bno (?:cuda |nvidia )?(?:gpus?|cuda devices?) (?:were |was )?(?:found|available|detected)\b)",
+                 r"(?i:\bcuda is not available\b)", r"is_available\(\) (?:is|returned|==) False",
+                 r"device_count\(\) (?:is|returned|==) 0\b"),
+        keywords=("gpu", "driver", "device", "environment", "error 802", "accelerator", "cuda", "is_available"),
     ),
     Rule(
         "disk_full", "Disk full",

@@ -59,7 +59,11 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"(?i:found (?:nan|inf) in (?:local )?grad)", r"Invalid loss, terminating training",
                  r"Detected nan and/or inf values in", r"is non-finite, so it cannot be clipped",
                  r"(?i:minimum loss scale reached)", r"loss scale already at minimum",
-                 r"to satisfy the constraint \w+\(\), but found invalid values"),   # NaN reaching a distribution
+                 r"to satisfy the constraint \w+\(\), but found invalid values",   # NaN reaching a distribution
+                 r"(?i:(?<![a-z])loss\w*['\"]?\s*[:=]\s*tensor\((?:nan|-?inf)\b)",   # a printed loss tensor
+                 # a progress table whose loss columns read nan (torch prints it in lower case; pandas' NaN
+                 # in a data dump is not a loss)
+                 r"(?:^|\s)nan(?:\s+nan)+(?:\s|$)"),
         keywords=("nan", "inf", "finite", "invalid loss", "loss scale", "invalid values"),
     ),
     Rule(
@@ -194,7 +198,7 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "Give every rank the same torch build, and call `torch.cuda.set_device(local_rank)` before "
          "`init_process_group`."),
         patterns(r"(?i:NCCL error)", r"\bnccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b",
-                 r"DistBackendError: ",
+                 r"DistBackendError: (?!.*(?i:timed? ?out|timeout))",   # one that timed out is a timeout
                  r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)"),
         keywords=("nccl", "distbackend"),
         variants=(
@@ -255,7 +259,12 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"DistStoreError: .*(?i:timed out|timeout)", r"watchdog got stuck for \d+ seconds",
                  r"Heartbeat monitor timed out", r"failed to pass monitoredBarrier",
                  r"Timed out waiting \d+ms for (?:send|recv) operation to complete",
-                 r"\bTimeout at NCCL work: \d+", r"DistNetworkError: .*(?i:timed out|timeout)"),
+                 r"\bTimeout at NCCL work: \d+", r"Dist(?:Network|Backend)Error: .*(?i:timed out|timeout)",
+                 # a collective or the process group named with a timeout, in any order, on one line
+                 r"(?i:\b(?:nccl|gloo|collective|barrier|all_?reduce|all_?gather|reduce_?scatter|broadcast)\b"
+                 r".{0,80}\b(?:timed out|timeout)\b)",
+                 r"(?i:\b(?:timed out|timeout)\b.{0,80}\b(?:nccl|collective|barrier|all_?reduce|all_?gather|"
+                 r"broadcast|process group)\b)", r"RendezvousTimeoutError"),
         keywords=("watchdog", "timed out", "timeout", "monitoredbarrier"),
         fallout=True,
     ),

@@ -26,7 +26,7 @@ CLASSIFICATION_METRICS = ("loss", "accuracy", "balanced_accuracy")
 REGRESSION_METRICS = ("loss", "mae", "rmse")
 NEXT_ITEM_METRICS = ("loss", "ndcg@10", "hr@10")
 CLICK_METRICS = ("loss", "auc", "accuracy", "balanced_accuracy")
-LANGUAGE_MODEL_METRICS = ("loss", "perplexity")
+LANGUAGE_MODEL_METRICS = ("loss", "perplexity", "token_accuracy")
 # the expected NDCG@10 of a random ranking, times the catalogue size: sum of 1/log2(r + 1) for r = 1..10
 RANDOM_NDCG10_TIMES_ITEMS = sum(1 / math.log2(r + 1) for r in range(1, 11))
 
@@ -99,10 +99,12 @@ def click_profile(negatives: int) -> TaskProfile:
                        "cross_entropy", f"click model, {negatives} negatives per click")
 
 
-def language_model_profile(vocabulary: int) -> TaskProfile:
-    """Next-token prediction: uniform over the vocabulary is ln(vocabulary), a perplexity of the vocabulary."""
+def language_model_profile(vocabulary: int, instruct: bool = False) -> TaskProfile:
+    """Next-token prediction: uniform over the vocabulary is ln(vocabulary), a perplexity of the vocabulary.
+    `instruct`: an instruction fine-tune, its loss on the answer tokens only."""
+    what = "instruction fine-tune (loss on the answers)" if instruct else "language model"
     return TaskProfile("language_model", LANGUAGE_MODEL_METRICS, "loss", math.log(vocabulary),
-                       {"perplexity": float(vocabulary)}, "cross_entropy", f"vocabulary of {vocabulary:,}")
+                       {"perplexity": float(vocabulary)}, "cross_entropy", f"{what}, vocabulary of {vocabulary:,}")
 
 
 def task_profile(spec: Any, model: Any = None) -> TaskProfile | None:
@@ -116,8 +118,8 @@ def task_profile(spec: Any, model: Any = None) -> TaskProfile | None:
         return click_profile(getattr(spec, "negatives", 0) or 1)
     if getattr(spec, "task", None) == "regression":
         return regression_profile()
-    if getattr(spec, "task", None) == "language_model" and getattr(spec, "num_classes", None):
-        return language_model_profile(spec.num_classes)
+    if getattr(spec, "task", None) in ("causal_lm", "language_model") and getattr(spec, "num_classes", None):
+        return language_model_profile(spec.num_classes, bool(getattr(spec, "instruct", False)))
     classes = getattr(spec, "num_classes", None)
     return classification_profile(classes) if isinstance(classes, int) and classes >= 2 else None
 

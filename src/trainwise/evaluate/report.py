@@ -8,9 +8,7 @@ run, training curves, system telemetry, events, the resolved config.
 """
 from __future__ import annotations
 
-import base64
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -19,8 +17,9 @@ from typing import Any, Literal
 from trainwise.rundir.atomic import atomic_write_text
 from trainwise.errors import ConfigError, RunDirWarning, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
-from trainwise.evaluate.curves import CurveAnalysis, best_point, series
+from trainwise.evaluate.curves import CurveAnalysis, best_point
 from trainwise.evaluate.calibration import calibration_verdict
+from trainwise.evaluate.report_charts import encoded_figures
 from trainwise.evaluate.report_lm import language_model_section
 from trainwise.evaluate.report_recsys import recsys_section
 from trainwise.evaluate.readable import finding_text, readable_evidence
@@ -30,19 +29,6 @@ from trainwise.recipes import FROM_PYTHON
 from trainwise.rundir.layout import RunDir
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
-_NOT_METRICS = {"step", "epoch", "time", "split", "loss"}
-# telemetry charts: (title, y-axis label, {sample field: its legend, in the user's words}, scale from the
-# recorded unit to the axis's, axis from 0, top the axis reaches at least). GPU fields get "GPU n " before.
-TELEMETRY_CHARTS = (
-    ("GPU temperature", "°C", {"temperature_c": "temperature (°C)"}, 1.0, False, None),
-    ("utilisation", "% busy", {"utilization_pct": "utilisation (%)", "cpu_percent": "host CPU busy (%)"},
-     1.0, True, 100.0),
-    ("memory used", "GiB", {"memory_used_bytes": "memory used (GiB)", "ram_used_bytes": "host RAM used (GiB)",
-                            "rss_bytes": "trainwise process RAM (GiB)"}, 2.0 ** -30, True, None),
-    ("GPU power", "W", {"power_w": "power (W)"}, 1.0, True, None),
-)
-DATA_WAIT_AXIS_MIN_PERCENT = 10.0  # a 2% wait drawn on a 0-10% axis reads as small, which it is
-MIN_TELEMETRY_SAMPLES = 3  # two points draw a straight line that says nothing about the run
 
 
 def write_report(run_dir: str | os.PathLike | RunDir, fmt: Literal["html", "md"] = "html") -> Path:
@@ -204,101 +190,18 @@ def headline(evaluation: dict[str, Any]) -> list[tuple[str, str, str]]:
         for key in sorted(k for k in evaluation if k.startswith(("hr@", "ndcg@"))):
             rows.append((key.upper(), _fmt(evaluation[key]),
                          f"random: {_fmt(chance[key])}" if key in chance else ""))
-    rows.append(("samples", str(evaluation.get("samples")), ""))
+    rows.append(counted(evaluation) + ("",))
     return rows
 
 
-def figures(facts: dict[str, Any]) -> dict[str, Any]:
-    """The report's matplotlib figures, built but not encoded (None where there is nothing to draw)."""
-    from trainwise.evaluate import plots  # matplotlib: only when drawing
-
-    records, best = facts["records"], facts["analysis"].best
-    best_step = best["step"] if best else None
-    charts = {"loss": plots.line_chart("loss", {"train": series(records, "train", "loss"),
-                                                "val": series(records, "val", "loss")},
-                                       best_step=best_step, log_y=True)}
-    val_metrics = sorted({k for r in records if r.get("split") == "val" for k, v in r.items()
-                          if k not in _NOT_METRICS and isinstance(v, (int, float))})
-    charts["val_metrics"] = plots.line_chart("validation metrics", {
-        f"val {k.replace('_', ' ')}": series(records, "val", k) for k in val_metrics}, best_step=best_step)
-    charts["lr"] = plots.line_chart("learning rate", {"train lr": series(records, "train", "lr")})
-    charts["throughput"] = plots.line_chart("throughput", {"train samples/s": series(records, "train",
-                                                                                      "samples_per_s")},
-                                            ylabel="samples/s", from_zero=True)
-    charts["data_wait"] = plots.line_chart("share of step time waiting for data", {
-        "waiting for data (% of step time)": [(x, 100 * y) for x, y in series(records, "train",
-                                                                             "data_wait_fraction")]},
-        ylabel="% of step time", from_zero=True, y_max=DATA_WAIT_AXIS_MIN_PERCENT)
-    evaluation = facts["evaluation"] or {}
-    matrix = evaluation.get("confusion_matrix")
-    charts["confusion"] = (plots.confusion_heatmap(matrix["labels"], matrix["counts"], matrix["normalized"])
-                           if matrix else None)
-    charts["calibration"] = (plots.reliability_diagram(evaluation["calibration_bins"], evaluation["ece"])
-                             if evaluation.get("calibration_bins") else None)
-    charts["telemetry"], charts["telemetry_notes"] = telemetry_figures(facts["system"])
-    return charts
-
-
-def encoded_figures(facts: dict[str, Any]) -> dict[str, Any]:
-    """figures(), each encoded as a PNG data URI for the HTML, and the lr-find curve from its JSON."""
-    from trainwise.evaluate import plots
-
-    charts = figures(facts)
-    encoded = {key: plots.data_uri(figure) if figure is not None else None for key, figure in charts.items()
-               if key not in ("telemetry", "telemetry_notes")}
-    encoded["telemetry"] = [plots.data_uri(figure) for figure in charts["telemetry"]]
-    encoded["telemetry_notes"] = charts["telemetry_notes"]
-    encoded["lr_find"] = _lr_find_uri(facts["lr_find"]) if facts["lr_find"] else None
-    return encoded
-
-
-def telemetry_figures(samples: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
-    """(figures, notes): one chart per TELEMETRY_CHARTS row that has a series of at least
-    MIN_TELEMETRY_SAMPLES samples; a note saying why for each one that has fewer."""
-    from trainwise.evaluate import plots
-
-    if not samples:
-        return [], []
-    flat = [_flatten(s) for s in samples if isinstance(s.get("time"), (int, float))]
-    start = min((s["time"] for s in flat), default=0.0)
-    charts, notes = [], []
-    for title, axis, fields, scale, from_zero, y_max in TELEMETRY_CHARTS:
-        keys = sorted({k for s in flat for k, v in s.items() if k.rsplit(".", 1)[-1] in fields
-                       and isinstance(v, (int, float)) and not isinstance(v, bool)})
-        lines = {_telemetry_label(k, fields): [(s["time"] - start, s[k] * scale) for s in flat
-                                               if isinstance(s.get(k), (int, float))] for k in keys}
-        enough = {label: points for label, points in lines.items() if len(points) >= MIN_TELEMETRY_SAMPLES}
-        if enough:
-            charts.append(plots.line_chart(title, enough, xlabel="seconds since the first sample", ylabel=axis,
-                                           from_zero=from_zero, y_max=y_max))
-        elif lines:
-            most = max(len(points) for points in lines.values())
-            notes.append(f"{title}: only {most} sample{'s' if most != 1 else ''} recorded, too few for a chart "
-                         f"(at least {MIN_TELEMETRY_SAMPLES}); a longer run, or a shorter "
-                         "telemetry.interval_s, draws one.")
-    return charts, notes
-
-
-def _telemetry_label(key: str, fields: dict[str, str]) -> str:
-    """"gpu0.memory_used_bytes" -> "GPU 0 memory used (GiB)"; host fields keep their own words."""
-    prefix, _, field = key.rpartition(".")
-    device = prefix.removeprefix("gpu")
-    return f"GPU {device} {fields[field]}" if prefix.startswith("gpu") else fields[field]
-
-
-def _lr_find_uri(data: dict[str, Any]) -> str | None:
-    """The lr-find curve, drawn by lr-find's own renderer from the JSON it wrote."""
-    from trainwise.diagnose.lr_curve import LrFindResult, SweepSettings, render_png
-
-    try:
-        result = LrFindResult(lrs=[float(x) for x in data["lrs"]], losses=[float(x) for x in data["losses"]],
-                              smoothed=[float(x) for x in data["smoothed"]], suggestion=float(data["suggestion"]),
-                              steps_planned=int(data.get("steps_planned", len(data["lrs"]))),
-                              diverged=bool(data.get("diverged")),
-                              settings=SweepSettings(**(data.get("settings") or {})), note=data.get("note", ""))
-    except (KeyError, TypeError, ValueError):  # the numbers are shown in the section all the same
-        return None
-    return "data:image/png;base64," + base64.b64encode(render_png(result)).decode("ascii")
+def counted(evaluation: dict[str, Any]) -> tuple[str, str]:
+    """(of what, how many) an evaluation measured: a text split counts tokens (an instruction fine-tune's
+    answer tokens, the only ones with a loss), any other split its samples."""
+    what, count = "samples", evaluation.get("samples")
+    if evaluation.get("task") == "causal_lm":
+        what = "answer tokens" if evaluation.get("finetune") else "tokens"
+        count = evaluation.get("tokens", count)
+    return what, f"{count:,}" if isinstance(count, int) else str(count)
 
 
 def render_html(facts: dict[str, Any]) -> str:
@@ -308,6 +211,7 @@ def render_html(facts: dict[str, Any]) -> str:
     environment.filters["fmt"] = _fmt
     environment.filters["readable"] = readable_evidence
     environment.filters["finding_text"] = finding_text
+    environment.filters["counted"] = lambda evaluation: "{1} {0}".format(*counted(evaluation))
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(**facts, charts=encoded_figures(facts))
 
@@ -355,8 +259,8 @@ def _markdown_evaluation(facts: dict[str, Any]) -> list[str]:
                      "test split)." + (" Other splits below." if evaluations else ""))
     if not evaluations:
         return lines
-    lines += [f"Split `{split}`: weights `{e.get('checkpoint')}` (step {e.get('step')}), {e.get('samples')} "
-              "samples." for split, e in evaluations.items()]
+    lines += [f"Split `{split}`: weights `{e.get('checkpoint')}` (step {e.get('step')}), "
+              "{1} {0}.".format(*counted(e)) for split, e in evaluations.items()]
     others = [split for split in evaluations if split != "test"]
     head = (["test", "compare with"] if evaluation else []) + others
     lines += ["", "| metric | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
@@ -380,20 +284,3 @@ def _markdown_evaluation(facts: dict[str, Any]) -> list[str]:
         lines += [f"| {label} | " + " | ".join(str(c) for c in row) + " |"
                   for label, row in zip(matrix["labels"], matrix["counts"])]
     return lines
-
-
-def _flatten(sample: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"gpus": [{"index": 0, "temperature_c": 60}]} -> {"gpu0.temperature_c": 60}."""
-    out: dict[str, Any] = {}
-    for key, value in sample.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for position, item in enumerate(value):
-                index = item.get("index", position)
-                out.update(_flatten({k: v for k, v in item.items() if k != "index"},
-                                    f"{name.removesuffix('s')}{index}."))
-        else:
-            out[name] = value
-    return out

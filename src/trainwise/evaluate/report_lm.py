@@ -8,6 +8,7 @@ import html
 from typing import Any
 
 from trainwise.rundir import RunDir
+from trainwise.rundir.records import typical_rate
 
 
 class LanguageModelSection(dict):
@@ -64,10 +65,12 @@ def language_model_section(run: RunDir, records: list[dict[str, Any]], evaluatio
     from trainwise.text.tokenizer import recorded_sequence_length
 
     section = LanguageModelSection()
-    if train:
-        last = train[-1]
-        mfu = f", MFU {last['mfu']:.1%}" if "mfu" in last else " (no MFU: no catalogue peak for this device)"
-        section["throughput"] = f"Training ran at {last['tokens_per_s']:,.0f} tokens/s per rank{mfu}."
+    if train:  # the typical interval (the median), not the last one: an outlier either way says little
+        rate = typical_rate([float(r["tokens_per_s"]) for r in train])
+        mfus = [float(r["mfu"]) for r in train if isinstance(r.get("mfu"), (int, float))]
+        mfu = f"MFU {typical_rate(mfus):.1%}" if mfus else "no MFU: no catalogue peak for this device"
+        section["throughput"] = (f"Training ran at {rate:,.0f} tokens/s per rank, the median of its logged "
+                                 f"intervals after start-up ({mfu}).")
     seq_len = recorded_sequence_length(run.tokenizer_dir()) or (config.data.seq_len if config else None)
     if seq_len and config:
         per_step = config.train.batch_size * seq_len

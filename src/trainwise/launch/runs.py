@@ -41,13 +41,13 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     seed_everything(config.seed)
     bundle = build_data(config)
     check_labels(bundle)
+    model = build_model(config, bundle.spec)
     findings = []
     if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
         from trainwise.check.sanity import raise_for_errors, sanity_check
 
-        findings = sanity_check(config, bundle)
+        findings = sanity_check(config, bundle, model)  # the probe trains this model and restores its weights
         raise_for_errors(findings)
-    model = build_model(config, bundle.spec)
     sanity = SanityFindings(findings)
     said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
@@ -157,6 +157,9 @@ def check_config_unchanged(run: RunDir, config: RunConfig, choice: CheckpointCho
                                   checkpoint=choice.path.name, step=header["step"] or 0, written=written)
     if changes and main:
         message = "resumed with changed settings (--allow-config-change): " + "; ".join(map(str, changes))
+        if any(c.path in ("train.max_steps", "train.epochs") for c in changes):
+            message += (f". The LR schedule is re-fitted, not re-shaped: from step {header['step']} the LR goes on "
+                        "from its value there and the rest of the decay ends at the new last step (no jump)")
         run.log_event("config_changed", message, severity="warning", step=header["step"],
                       evidence={"changes": [{"field": c.path, "old": c.old, "new": c.new} for c in changes],
                                 "checkpoint_config_hash": header["config_hash"]})

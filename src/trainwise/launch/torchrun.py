@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainwise.errors import ConfigError, TrainingError
 
 STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a signal, checkpointed, resumable
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGQUIT")
+# set for the ranks `trainwise ... --nproc N` starts: what the launcher already said before them, they do not repeat
+STARTED_BY_TRAINWISE = "TRAINWISE_LAUNCHED"
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class Launch:
                 args += ["--node-rank", str(self.node_rank)]
         else:
             args.append("--standalone")
+        # the ranks stop cleanly on each of these (train/signals.py): the launcher passes them on, SLURM's
+        # SIGUSR1 included, rather than dying of it and leaving the ranks to be killed
+        args += ["--signals-to-handle", ",".join(FORWARDED_SIGNALS)]
         return [*args, "-m", "trainwise", *command]
 
 
@@ -52,17 +60,22 @@ def inside_a_launch() -> bool:
     return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
 
 
-def launch(command: list[str], plan: Launch) -> int:
+def launch(command: list[str], plan: Launch, run_dir: Path) -> int:
     """Run `trainwise COMMAND` on `plan.nproc` ranks per node; the exit code the job should end with."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.nproc)))
+    os.environ[STARTED_BY_TRAINWISE] = "1"  # the ranks inherit it
+    started = time.time()
     # the agent's own log ("Sending process … closing signal SIGTERM", "failed (exitcode: 2)") repeats what the
     # ranks said or what the TrainingError below says in words: quiet in this process, which only runs the agent
     logging.disable(logging.ERROR)
     try:
         run(get_args_parser().parse_args(plan.torchrun_args(command)))
+    except SignalException as stopped:  # Ctrl-C or a scheduler's SIGTERM to this process: the agent passed it on
+        return exit_code_after_signal(int(stopped.sigval), run_dir, since=started)
     except ChildFailedError as failed:
         failures = failed.failures
         codes = {rank: failure.exitcode for rank, failure in failures.items()}
@@ -76,4 +89,17 @@ def launch(command: list[str], plan: Launch) -> int:
                             "the run directory's error.log and summary.json hold rank 0's view.") from None
     finally:
         logging.disable(logging.NOTSET)
+        os.environ.pop(STARTED_BY_TRAINWISE, None)
     return 0
+
+
+def exit_code_after_signal(signum: int, run_dir: Path, since: float = 0.0) -> int:
+    """The job's exit code once the launcher was signalled and its ranks were given the signal too (and waited
+    for, up to torch's shutdown timeout): 75 where rank 0 recorded a clean stop with its checkpoint (it printed
+    how to continue) after `since`, the job's start (not an earlier run's summary), else the shell's 128 +
+    signal (130 for Ctrl-C) for a job stopped before it had a step to keep."""
+    from trainwise.rundir.layout import RunDir
+
+    summary = RunDir(run_dir).read_summary()  # {} before training started
+    stopped = summary.get("status") == "stopped" and float(summary.get("updated") or 0) >= since
+    return STOPPED_EXIT_CODE if stopped else 128 + signum

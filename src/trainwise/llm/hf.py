@@ -152,7 +152,13 @@ def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu
     transformers = require("transformers", "loading a Hugging Face model")
     path = Path(directory).expanduser()
     if not (path / "config.json").is_file():
-        raise ConfigError(f"model.hf={directory}: not a Hugging Face model directory (no config.json there)")
+        named = None if path.exists() else catalogue.canonical_name(str(directory))
+        advice = (f" {directory!r} names an architecture in trainwise's catalogue: model.hf_config={directory} "
+                  f"builds a randomly initialised {named} (no pretrained weights). For the pretrained model, "
+                  "download it once into a directory and give model.hf=DIR; trainwise never downloads."
+                  if named else " Give the directory that holds the model's config.json and *.safetensors.")
+        raise ConfigError(f"model.hf={directory}: not a Hugging Face model directory (no config.json there)."
+                          + advice)
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ConfigError(f"model.hf={directory} has a config.json but no weights (*.safetensors). To train from "
                           f"random initialisation use model.hf_config={directory} instead.")

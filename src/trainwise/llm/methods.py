@@ -141,8 +141,11 @@ def add_lora(model: "nn.Module", settings: LoraSettings) -> "nn.Module":
                       f"{type(model).__name__} without dropout (set model.lora.dropout=0 to say so, or target "
                       "the attention layers only with model.lora.target_modules).", TrainwiseWarning, stacklevel=2)
         dropout = 0.0
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=dropout,
-                             target_modules=targets, task_type="CAUSAL_LM" if _is_hf(model) else None)
+    # GPT-2's projections are transformers' Conv1D (weights stored transposed): said to peft, which otherwise
+    # warns once per adapted layer and sets it itself
+    transposed = any(type(module).__name__ == "Conv1D" for module in model.modules())
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=dropout, target_modules=targets,
+                             task_type="CAUSAL_LM" if _is_hf(model) else None, fan_in_fan_out=transposed)
     try:
         return _peft_model(peft, model, config)
     except ValueError as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 from trainwise.config import RunConfig, load_config
@@ -12,11 +13,17 @@ RECIPE_DIR = Path(__file__).parent
 
 
 def list_recipes() -> dict[str, str]:
-    """Recipe name → its one-line description (the first comment line of the file)."""
+    """Recipe name → its description: the first sentence of the file's opening comment, whole even where it
+    runs over several comment lines."""
     recipes = {}
     for path in sorted(RECIPE_DIR.glob("*.yaml")):
-        first = path.read_text().splitlines()[0] if path.stat().st_size else ""
-        recipes[path.stem] = first.lstrip("# ").strip()
+        opening = []
+        for line in path.read_text().splitlines():
+            text = line.lstrip("#").strip()
+            if not line.startswith("#") or not text:
+                break
+            opening.append(text)
+        recipes[path.stem] = re.split(r"(?<=\.)\s", " ".join(opening), maxsplit=1)[0]
     return recipes
 
 

@@ -70,6 +70,18 @@ def sample_problem(record: dict[str, Any]) -> str | None:
     return _number(record, "time") or _whole(record, "step", required=False)
 
 
+def typical_rate(rates: list[float]) -> float | None:
+    """A run's typical rate (samples/s, tokens/s) from its train records: the median over its logs, so one
+    slow or fast interval (an evaluation, a checkpoint, a busy machine) does not stand for the run. The first
+    log, which includes start-up, counts only while it is the only one."""
+    rates = rates[1:] if len(rates) > 1 else rates
+    if not rates:
+        return None
+    ordered = sorted(rates)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def append(path: Path, line: bytes, *, advice: str = "") -> None:
     """Append one record. On an error the file is cut back, so no half record is left; a full disk raises
     DiskFullError (`advice` says what to do next)."""

@@ -26,7 +26,8 @@ MAX_CONTEXT = 1 << 17
 def text_spec(manifest: dict[str, Any], seq_len: int, num_train: int = 0) -> DataSpec:
     tokenizer = manifest["tokenizer"]
     return DataSpec(input_shape=(seq_len,), num_classes=int(tokenizer["vocab_size"]), task="causal_lm",
-                    input_dtype=torch.int64, num_train=num_train, tokenizer_fingerprint=tokenizer.get("fingerprint"))
+                    input_dtype=torch.int64, num_train=num_train, tokenizer_fingerprint=tokenizer.get("fingerprint"),
+                    instruct=bool(manifest.get("instruct")))
 
 
 def text_bundle(path: str | Path, manifest: dict[str, Any] | None = None, *, seq_len: int | None = None,

@@ -21,7 +21,7 @@ from trainwise.text.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class Sampling:
     max_tokens: int = 100
-    temperature: float = 0.8
+    temperature: float = 0.0  # greedy, as `trainwise eval` generates; higher samples
     top_k: int | None = 50
     seed: int = 0
 

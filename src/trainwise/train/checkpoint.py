@@ -23,6 +23,7 @@ from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, resume_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.runtime.model_state import StateMismatch, check_same_base, kept_state, load_kept_state, save_record
+from trainwise.train.schedule import continue_schedule
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -113,9 +114,9 @@ class Checkpointer:
             self.optimizer.load_state_dict(saved["optimizer"])
         else:  # a sharded checkpoint's tensors are already loaded: was it on this base?
             self._check_base(saved)
-        # the LR schedule's shape comes from the config (a resume may lengthen the run), not from the checkpoint
-        scheduler = saved["scheduler"]
-        self.scheduler.load_state_dict({**scheduler, "lr_lambdas": [None] * len(scheduler.get("lr_lambdas", []))})
+        # the LR schedule's length comes from the config (a resume may change it): the rest of the decay is
+        # re-fitted from the checkpoint's step, so the LR goes on from where it was (schedule.py)
+        continue_schedule(self.scheduler, saved["scheduler"], int(saved["step"]))
         self.scaler.load_state_dict(saved["scaler"])
         self.early_stopping.load_state_dict(saved["early_stopping"])
         per_rank = saved.get("rng_per_rank") or []

@@ -48,6 +48,20 @@ def launched_ranks() -> Ranks:
                  int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def resume_command(run_path: Path | str) -> str:
+    """How to continue a run at the terminal: `trainwise resume RUN` with the launch this process is part of
+    (`--nproc N` per node, and the nodes), so a stopped job does not come back as one process without a word."""
+    command = f"trainwise resume {run_path}"
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    if "TORCHELASTIC_RUN_ID" not in os.environ or per_node < 1:
+        return command
+    command += f" --nproc {per_node}"
+    nodes = launched_ranks().world_size // per_node
+    if nodes > 1:  # the endpoint is the user's (torchrun does not pass it on): named, as `train` takes it
+        command += f" --nnodes {nodes} --node-rank I --rdzv-endpoint HOST:PORT (on each node I)"
+    return command
+
+
 def init_distributed(timeout_s: float = 600.0, *, sharded: bool = False) -> Ranks:
     """Join the process group torchrun set up (NCCL on CUDA, Gloo on the CPU); a no-op for one process, unless
     torchrun started it for an explicit ddp or fsdp run (`sharded`): DDP or FSDP over one rank is the 1-GPU

@@ -99,13 +99,6 @@ class TokenFigures:
         return token_figures(tokens_per_s, self._flops[seq_len], self.peak_flops)
 
 
-def mfu_text(record: dict, device_type: str) -> str:
-    """The progress line's words for MFU."""
-    if "mfu" in record:
-        return f"MFU {record['mfu']:.1%}"
-    return "MFU: no peak for the CPU" if device_type == "cpu" else "MFU: no catalogue peak for this card"
-
-
 class PeakFlops(Callback):
     """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by the
     CLI."""

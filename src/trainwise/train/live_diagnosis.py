@@ -56,7 +56,7 @@ class LiveDiagnosis(Callback):
             trainer.run_dir.log_event("diagnosis", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=finding.step or trainer.step, evidence=finding.to_dict())
             self.console.print(f"[yellow]diagnosis[/] step {finding.step or trainer.step}: {finding.title} "
-                               f"(trainwise diagnose {trainer.run_dir.path})", highlight=False)
+                               f"(trainwise diagnose {trainer.run_dir.path})", highlight=False, soft_wrap=True)
 
 
 class SanityFindings(Callback):
@@ -73,7 +73,7 @@ class SanityFindings(Callback):
             trainer.run_dir.log_event("sanity", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=0, evidence=finding.to_dict())
             if trainer.ranks.is_main:  # said at the terminal too, in one line, before the first step
-                self.console.print(f"[yellow]warning[/]: {finding.title}", highlight=False)
+                self.console.print(f"[yellow]warning[/]: {finding.title}", highlight=False, soft_wrap=True)
 
 
 _EVENT_SEVERITY = {"info": "info", "warn": "warning", "error": "error"}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainwise.rundir import records as run_records
+from trainwise.train.distributed import resume_command
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 # what a train record says about the model and optimizer; its timing fields are summarised under `timings`
 _TRAIN_FIELDS = ("step", "epoch", "loss", "lr", "grad_norm", "skipped_steps")
+_RATE_FIELDS = ("samples_per_s", "tokens_per_s")  # a language model logs both; summarised as typical_rate
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class RunSummary:
         self.started: float | None = None  # when this session's fit began
         self.wall_before = 0.0  # what the earlier sessions of a resumed run spent
         self._last: dict[str, dict[str, Any]] = {}  # split -> its newest metrics record
-        self._rates: list[float] = []  # samples/s of every train log so far (a resumed run's earlier ones too)
+        # samples/s and tokens/s of every train log so far (a resumed run's earlier ones too)
+        self._rates: dict[str, list[float]] = {field: [] for field in _RATE_FIELDS}
         self._read_up_to = 0  # bytes of metrics.jsonl already read
 
     def write(self, run: RunFacts, status: str, started: float, *, message: str | None = None,
@@ -60,7 +63,8 @@ class RunSummary:
             self.wall_before = wall_before(run.run_dir) if run.last_checkpoint_step is not None else 0.0
         last = self._newest_records(run.run_dir)
         summary = build_summary(run, status, wall_s=self.wall_before + time.time() - started, last=last,
-                                message=message, restored_best=restored_best, typical_rate=typical_rate(self._rates))
+                                message=message, restored_best=restored_best,
+                                typical_rates={field: run_records.typical_rate(rates) for field, rates in self._rates.items()})
         run.run_dir.write_summary(summary)
         return summary
 
@@ -69,7 +73,8 @@ class RunSummary:
             with open(run_dir.metrics_path, "rb") as f:
                 size = f.seek(0, 2)
                 if size < self._read_up_to:  # rewritten shorter (a resume drops records): read it again
-                    self._last, self._rates, self._read_up_to = {}, [], 0
+                    self._last, self._read_up_to = {}, 0
+                    self._rates = {field: [] for field in _RATE_FIELDS}
                 f.seek(self._read_up_to)
                 data = f.read()
         except FileNotFoundError:
@@ -82,18 +87,20 @@ class RunSummary:
                 continue
             if isinstance(record, dict) and run_records.metric_problem(record) is None:
                 self._last[record["split"]] = record
-                rate = record.get("samples_per_s") if record["split"] == "train" else None
-                if isinstance(rate, (int, float)) and rate > 0:
-                    self._rates.append(float(rate))
+                for field, rates in self._rates.items():
+                    rate = record.get(field) if record["split"] == "train" else None
+                    if isinstance(rate, (int, float)) and rate > 0:
+                        rates.append(float(rate))
         self._read_up_to += whole
         return self._last
 
 
 def build_summary(run: RunFacts, status: str, *, wall_s: float, last: dict[str, dict[str, Any]],
                   message: str | None = None, restored_best: bool = False,
-                  typical_rate: float | None = None) -> dict[str, Any]:
+                  typical_rates: dict[str, float | None] | None = None) -> dict[str, Any]:
     """The summary of the run as it stands now; `last`: the newest metrics record of each split;
-    `typical_rate`: the median samples/s of its train logs (the last interval's rate when not given)."""
+    `typical_rates`: the median samples/s (and tokens/s, a language model's) of its train logs (the last
+    interval's rate when not given)."""
     val, train = last.get("val") or {}, last.get("train") or {}
     stopping, state = run.early_stopping, run.state
     return {
@@ -104,8 +111,7 @@ def build_summary(run: RunFacts, status: str, *, wall_s: float, last: dict[str, 
         "final": val,  # the last validation record
         "last_train": {k: train[k] for k in _TRAIN_FIELDS if k in train},
         "restored_best": restored_best,
-        "timings": {"wall_s": wall_s, "samples_per_s": typical_rate if typical_rate is not None
-                    else train.get("samples_per_s"), "last_samples_per_s": train.get("samples_per_s")},
+        "timings": _timings(wall_s, train, typical_rates or {}),
         "device": run.device, "precision": run.precision, "tf32": run.tf32,
         "skipped_steps": state.skipped_steps, "message": message, "updated": time.time(),
         # what chance is for this run and which metrics it validates with: the diagnosis rules read it
@@ -113,16 +119,15 @@ def build_summary(run: RunFacts, status: str, *, wall_s: float, last: dict[str, 
     }
 
 
-def typical_rate(rates: list[float]) -> float | None:
-    """The run's typical samples/s: the median over its logs, so one slow interval at the end (an
-    evaluation, a checkpoint, a busy machine) does not stand for the run. The first log, which includes
-    start-up, counts only while it is the only one."""
-    rates = rates[1:] if len(rates) > 1 else rates
-    if not rates:
-        return None
-    ordered = sorted(rates)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+def _timings(wall_s: float, train: dict[str, Any], typical: dict[str, float | None]) -> dict[str, Any]:
+    """Wall time and the run's typical rates (typical_rate); tokens/s only for a language model."""
+    timings: dict[str, Any] = {"wall_s": wall_s}
+    for field in _RATE_FIELDS:
+        rate = typical.get(field) if typical.get(field) is not None else train.get(field)
+        if rate is not None or field == "samples_per_s":
+            timings[field] = rate
+    timings["last_samples_per_s"] = train.get("samples_per_s")
+    return timings
 
 
 def wall_before(run_dir: "RunDir") -> float:
@@ -134,7 +139,7 @@ def wall_before(run_dir: "RunDir") -> float:
 
 def stopped_message(reason: str, run: RunFacts) -> str:
     return (f"stopped by {reason.split(':')[-1]} after step {run.state.step}; checkpoint written. "
-            f"Continue with: trainwise resume {run.run_dir.path}")
+            f"Continue with: {resume_command(run.run_dir.path)}")
 
 
 def early_stop_message(run: RunFacts, restored: bool) -> str:

@@ -36,7 +36,7 @@ from trainwise.train.cadence import Cadence
 from trainwise.train.callbacks import Callback, CallbackList, default_callbacks
 from trainwise.runtime.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
-                                         resolve_strategy, wrap_model)
+                                         resolve_strategy, resume_command, wrap_model)
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.runtime.inference import split_metrics
 from trainwise.train.health import HealthReading, StepHealth, health_problem
@@ -356,7 +356,7 @@ class Trainer:
         except KeyboardInterrupt:
             kept = (f"while saving step {self.step}; the checkpoint of step {self._last_checkpoint_step} is kept."
                     if saving else f"during step {self.step + 1}; the last checkpoint is kept.")
-            message = f"aborted by a second Ctrl-C {kept} Continue with: trainwise resume {self.run_dir.path}"
+            message = f"aborted by a second Ctrl-C {kept} Continue with: {resume_command(self.run_dir.path)}"
             self.callbacks.on_fit_end(self, self._write_summary("stopped", started, message=message))
             raise
         except BaseException as error:
