@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from trainwise.data.batch import IGNORE_INDEX
 from trainwise.errors import ConfigError
 from trainwise.evaluate.metrics import (MATRIX_MAX_CLASSES, as_numpy, classification_metrics, regression_metrics,
                                         softmax)
 from trainwise.recsys.metrics import ranking_metrics, target_ranks
 
 Rows = tuple[list[str], list[list[Any]]]  # header, rows
-IGNORE_INDEX = -100  # a target that is no label (torch's cross-entropy default)
 
 
 @dataclass(frozen=True)

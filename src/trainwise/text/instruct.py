@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Literal
 
+from trainwise.data.batch import IGNORE_INDEX
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation
 from trainwise.text.chat_templates import ChatTemplate, Segment
 
-IGNORE_INDEX = -100
 TooLong = Literal["truncate", "drop"]
 
 

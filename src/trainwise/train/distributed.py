@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainwise.errors import ConfigError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_dirs import CheckpointDirs
+from trainwise.train.step import training_module
 
 Strategy = Literal["single", "ddp", "fsdp"]
 
@@ -95,10 +96,13 @@ def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:
     return requested  # type: ignore[return-value]
 
 
-def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, precision: str, cpu_offload: bool
-               ) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
+def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, precision: str, cpu_offload: bool,
+               loss_chunk: int | None = None) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
     """(what computes the outputs, the context that skips the gradient all-reduce/reduce-scatter on
-    micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors."""
+    micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors.
+    `loss_chunk` (model.loss_chunk_size): the wrappers run the model's TokenLossModel, whose forward returns the
+    chunked loss, so DDP reduces the head's gradients and FSDP gathers its weights (train/step.py)."""
+    model = training_module(model, loss_chunk)
     if strategy in ("ddp", "fsdp") and any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
                                            for m in model.modules()):
         raise ConfigError(f"sparse embedding gradients (model.args.sparse_embeddings=true) cannot be averaged "

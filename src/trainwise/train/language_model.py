@@ -20,7 +20,7 @@ from torch import nn
 
 from trainwise.text.tokenizer import record_sequence_length
 from trainwise.train.callbacks import Callback
-from trainwise.train.step import MicroBatch, is_token_batch
+from trainwise.data.batch import MicroBatch, is_token_batch
 
 PeakLookup = Callable[[str, str, bool], "float | None"]  # (device name, precision, tf32) -> FLOP/s or None
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 import torch
 
 from trainwise.train.language_model import TokenFigures, tokens_in
-from trainwise.train.step import MicroBatch
+from trainwise.data.batch import MicroBatch
 
 T = TypeVar("T")
 
