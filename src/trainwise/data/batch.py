@@ -25,7 +25,7 @@ from trainwise.errors import ConfigError
 
 IGNORE_INDEX = -100  # a target that carries no loss (torch's cross-entropy and transformers use it)
 MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
-MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
+MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask", "document_lengths")
 # FlashAttention's variable-length kernel: the documents' cumulative starts and the longest, known on the host
 FLASH_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -39,6 +39,26 @@ def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     return {key: batch[key] for key in MODEL_INPUTS + FLASH_INPUTS if batch.get(key) is not None}
 
 
+def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: where a document starts. A document starts where the position does not follow the previous
+    one (transformers' rule for packed rows), and every row starts one; padding after a pack is its own."""
+    starts = torch.diff(position_ids, dim=-1, prepend=position_ids[:, :1] - 1) != 1
+    starts[:, 0] = True
+    return starts
+
+
+def document_lengths(position_ids: torch.Tensor) -> list[list[int]]:
+    """Per row, the lengths of its documents, read from the host tensor the loader made (before the copy, so
+    the step never waits for the device): the built-in gpt attends within each (text/gpt.py)."""
+    if position_ids.device.type != "cpu":
+        raise ValueError("document_lengths reads the position ids on the host: call it before the copy")
+    rows = []
+    for starts in document_starts(position_ids):
+        bounds = torch.nonzero(starts).reshape(-1).tolist() + [position_ids.shape[-1]]
+        rows.append([end - start for start, end in zip(bounds[:-1], bounds[1:])])
+    return rows
+
+
 def flattened_for_varlen(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """A token batch as FlashAttention's variable-length kernel takes it: the rows laid end to end in one row
     [1, B*T], with the documents' boundaries (`cu_seq_lens_*`, `max_length_*`) computed here, on the host
@@ -49,9 +69,7 @@ def flattened_for_varlen(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         raise ValueError("flattened_for_varlen reads the position ids on the host: call it before the copy")
     flat = {key: value.reshape(1, -1) for key, value in batch.items() if key in ("input_ids", "labels",
                                                                                  "position_ids")}
-    steps = torch.diff(positions, dim=-1, prepend=positions[:, :1] - 1) != 1
-    steps[:, 0] = True
-    starts = torch.nonzero(steps.reshape(-1)).reshape(-1).to(torch.int32)
+    starts = torch.nonzero(document_starts(positions).reshape(-1)).reshape(-1).to(torch.int32)
     bounds = torch.cat([starts, torch.tensor([positions.numel()], dtype=torch.int32)])
     longest = int((bounds[1:] - bounds[:-1]).max())
     flat.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest, max_length_k=longest)

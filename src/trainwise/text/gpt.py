@@ -22,6 +22,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from trainwise.data.batch import document_lengths, document_starts
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -58,18 +60,14 @@ class KVCache:
         return key, value
 
 
-def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T]: which document of its row each token belongs to. A document starts where the position does
-    not follow the previous one (transformers' rule), so padding after a pack is a document of its own."""
-    steps = torch.diff(position_ids, dim=-1, prepend=position_ids[:, :1] - 1) != 1
-    return steps.cumsum(dim=-1)
+Documents = torch.Tensor | list[list[int]]  # [B, T] document ids on the device, or each row's lengths on the host
 
 
-def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: torch.Tensor,
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
                      dropout: float) -> torch.Tensor:
-    """Causal attention within each document of `documents` ([B, T] ids): FlexAttention on CUDA, per-document
-    SDPA elsewhere (FlexAttention has no CPU backward)."""
-    if q.device.type == "cuda":
+    """Causal attention within each document: FlexAttention given document ids (CUDA), causal SDPA per document
+    given their lengths (elsewhere: FlexAttention has no CPU backward)."""
+    if isinstance(documents, torch.Tensor):
         from torch.nn.attention.flex_attention import create_block_mask
 
         def same_document_causal(b, h, query, key):
@@ -79,8 +77,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document
         mask = create_block_mask(same_document_causal, q.shape[0], None, length, length, device=q.device)
         return _compiled_flex()(q, k, v, block_mask=mask)
     rows = []
-    for row in range(q.shape[0]):
-        lengths = torch.unique_consecutive(documents[row], return_counts=True)[1].tolist()
+    for row, lengths in enumerate(documents):
         pieces = [F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, dropout_p=dropout)
                   for qd, kd, vd in zip(*(t[row:row + 1].split(lengths, dim=2) for t in (q, k, v)))]
         rows.append(torch.cat(pieces, dim=2))
@@ -109,7 +106,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.width, config.width, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, documents: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, documents: Documents | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
@@ -148,7 +145,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.width, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, documents: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, documents: Documents | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), documents, cache, layer)
         return x + self.mlp(self.ln_2(x))
@@ -182,10 +179,12 @@ class GPT(nn.Module):
         return list(self.h)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, document_lengths: list[list[int]] | None = None) -> torch.Tensor:
+        """`document_lengths`: each row's documents, read on the host before the copy (data/batch.py); without
+        them a CPU forward reads them from `position_ids` itself."""
         length = input_ids.shape[1]
         start = cache.seen if cache is not None else 0
-        documents = None if cache is not None else self._documents(position_ids)
+        documents = None if cache is not None else self._documents(position_ids, document_lengths)
         if position_ids is None:  # one document a row: plain causal attention (the fast kernels)
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
@@ -197,16 +196,16 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
     @staticmethod
-    def _documents(position_ids: torch.Tensor | None) -> torch.Tensor | None:
-        """The rows' document ids, or None where every row is one document from position 0 (plain causal
-        attention). On CUDA the ids stay on the device (no sync: FlexAttention takes them as they are)."""
+    def _documents(position_ids: torch.Tensor | None, lengths: list[list[int]] | None) -> Documents | None:
+        """How attention keeps documents apart: None where every row is one document (plain causal attention);
+        on CUDA document ids, which stay on the device (FlexAttention takes them: no sync); elsewhere each
+        row's document lengths."""
         if position_ids is None:
             return None
-        documents = document_ids(position_ids)
-        if position_ids.device.type != "cuda" and not bool((documents[:, -1] > 0).any()) \
-                and not bool((position_ids[:, 0] != 0).any()):
-            return None
-        return documents
+        if position_ids.device.type == "cuda":
+            return document_starts(position_ids).cumsum(dim=-1)
+        lengths = lengths if lengths is not None else document_lengths(position_ids)
+        return None if all(len(row) == 1 for row in lengths) else lengths
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.h))

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainwise.data.batch import (MicroBatch, chunked_token_loss_sum, flattened_for_varlen, is_token_batch,
-                                  label_tokens, model_inputs, token_loss_sum)
+from trainwise.data.batch import (MicroBatch, chunked_token_loss_sum, document_lengths, flattened_for_varlen,
+                                  is_token_batch, label_tokens, model_inputs, token_loss_sum)
 from trainwise.errors import ConfigError, ModelCallError, TrainwiseError
 from trainwise.llm.loss import hidden_and_head
 from trainwise.runtime.language_model import call_model
@@ -142,6 +142,13 @@ def uses_varlen_attention(model: nn.Module) -> bool:
     return implementation.startswith("flash_attention")
 
 
+def takes_document_lengths(model: nn.Module, device: torch.device) -> bool:
+    """Whether the model attends per document from lengths read on the host (the built-in gpt off CUDA)."""
+    import inspect
+
+    return device.type != "cuda" and "document_lengths" in inspect.signature(model.forward).parameters
+
+
 class TrainStep:
     """`step(micro_batches)` = forward/backward of each micro-batch (gradients accumulate), then one update.
 
@@ -168,6 +175,7 @@ class TrainStep:
         self.loss_model = training_module(model, loss_chunk_size)  # the unwrapped forward (local steps)
         self.forward = forward if forward is not None else self.loss_model
         self.varlen = uses_varlen_attention(model)
+        self.host_documents = takes_document_lengths(model, device)
         self.no_sync = no_sync
         self.to_device = to_device or (lambda t: t.to(device, non_blocking=True))
         self.augment = augment
@@ -228,6 +236,8 @@ class TrainStep:
         for index, batch in enumerate(micro_batches):
             if self.varlen:  # documents laid end to end, their boundaries read on the host
                 batch = flattened_for_varlen(batch)
+            elif self.host_documents and "position_ids" in batch:
+                batch = {**batch, "document_lengths": document_lengths(batch["position_ids"])}
             batch = {key: self.to_device(value) if isinstance(value, torch.Tensor) else value
                      for key, value in batch.items()}
             last = index == len(micro_batches) - 1
