@@ -60,6 +60,7 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
     segments = _weighted(template.segments(messages), conversation, template)
     ids: list[int] = []
     trains: list[bool] = []
+    piece: list[int] = []
     for segment in segments:
         piece = list(tokenizer.encode(segment.text)) if segment.text else []
         if segment.end_of_answer:
@@ -69,8 +70,9 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
             piece.append(tokenizer.eos_id)
         ids += piece
         trains += [segment.trains or not mask_prompt] * len(piece)
-    if tokenizer.eos_id is not None and ids and ids[-1] != tokenizer.eos_id:
-        # every document ends with end-of-text (the token shards' rule), learnt when an answer ends the sample
+    if tokenizer.eos_id is not None and ids and tokenizer.eos_id not in piece:
+        # every sample ends with the eos, learnt when an answer ends it; once: where the eos is the template's
+        # end-of-turn (<|im_end|>, Qwen/SmolLM) the last segment already closed with it
         ids.append(tokenizer.eos_id)
         trains.append(trains[-1])
     return Sample(ids, trains)

@@ -46,7 +46,8 @@ def _device_type(trainer) -> str:
 def _starting(trainer) -> str:
     if trainer.step:
         return f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
-    return f"training {trainer.max_steps} steps"
+    attention = getattr(getattr(trainer.model, "config", None), "_attn_implementation", None)  # Hugging Face
+    return f"training {trainer.max_steps} steps" + (f" with {attention} attention" if attention else "")
 
 
 # event kinds the terminal shows when they happen (live diagnoses, the sanity checks before step 1, warnings
