@@ -81,6 +81,19 @@ def label_tokens(micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> torch.T
     return torch.as_tensor(sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches))
 
 
+def real_tokens(micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> int:
+    """The tokens of token batches that are not padding, counted on the host tensors the loader made. Packing
+    pads a row's tail, which carries no label; a row's real tokens end one past its last label (that label's
+    token is real, and so is the document's final token, which has no label of its own)."""
+    total = 0
+    for batch in micro_batches:
+        labels = batch["labels"]
+        length = labels.shape[-1]
+        last = torch.where(labels != IGNORE_INDEX, torch.arange(length), -1).amax(dim=-1)
+        total += int(torch.where(last >= 0, (last + 2).clamp(max=length), 0).sum())
+    return total
+
+
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of cross-entropies over the label tokens (fp32 accumulation; IGNORE_INDEX ignored)."""
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
