@@ -18,16 +18,37 @@ from trainwise.errors import ConfigError
 from trainwise.llm.methods import output_head
 
 
-def hidden_and_head(model: nn.Module) -> tuple[Callable[..., torch.Tensor], nn.Module, float | None]:
-    """(inputs -> last hidden state, the head, the final logit soft-cap) of a model that allows chunking."""
-    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    own = getattr(inner, "hidden_states", None)
+def head_and_softcap(model: nn.Module) -> tuple[nn.Module, float | None]:
+    """The output head and the final logit soft-cap of a model that allows chunking (ConfigError otherwise)."""
+    inner = _unwrapped(model)
     head = output_head(inner)
-    if callable(own) and head is not None:
-        return own, head, None
     backbone = getattr(inner, "base_model", None)
-    if head is None or not isinstance(backbone, nn.Module) or backbone is inner:
+    has_hidden = callable(getattr(inner, "hidden_states", None)) or \
+        (isinstance(backbone, nn.Module) and backbone is not inner)
+    if head is None or not has_hidden:
         raise ConfigError(f"model.loss_chunk_size needs the model's hidden states and head apart, and "
                           f"{type(inner).__name__} does not expose them; leave model.loss_chunk_size unset")
-    softcap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
-    return (lambda **inputs: backbone(**inputs).last_hidden_state), head, softcap
+    return head, getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
+
+
+def last_hidden_state(model: nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
+    """The model's last hidden state. A Hugging Face model computes it in its own forward, asked for no logits
+    (`logits_to_keep` empty) and the backbone's output caught on the way out: every hook on the model runs, FSDP's
+    gathering of the root's weights (embeddings, final norm, head) included, which calling the backbone alone
+    would skip."""
+    inner = _unwrapped(model)
+    own = getattr(inner, "hidden_states", None)
+    if callable(own):
+        return own(**inputs)
+    caught: list[torch.Tensor] = []
+    handle = inner.base_model.register_forward_hook(lambda module, args, output: caught.append(
+        output.last_hidden_state))
+    try:
+        model(**inputs, logits_to_keep=torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device))
+    finally:
+        handle.remove()
+    return caught[-1]
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model

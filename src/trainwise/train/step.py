@@ -23,7 +23,7 @@ from torch import nn
 from trainwise.data.batch import (MicroBatch, chunked_token_loss_sum, document_lengths, flattened_for_varlen,
                                   is_token_batch, label_tokens, model_inputs, token_loss_sum)
 from trainwise.errors import ConfigError, ModelCallError, TrainwiseError
-from trainwise.llm.loss import hidden_and_head
+from trainwise.llm.loss import head_and_softcap, last_hidden_state
 from trainwise.runtime.language_model import call_model
 from trainwise.runtime.precision import Precision, autocast
 
@@ -111,23 +111,20 @@ def replicated(norm: torch.Tensor) -> torch.Tensor:
 class TokenLossModel(nn.Module):
     """A causal LM whose forward returns a token batch's summed loss, the output head and cross-entropy run
     `chunk_size` tokens at a time (data/batch.py), so the logits never exist whole. The engine wraps this module
-    (DDP, FSDP2, torch.compile) in place of the model: the head runs inside the wrapper's forward, so DDP reduces
-    its gradients and FSDP gathers its weights like every other layer's. Without labels it returns the logits."""
+    (DDP, torch.compile) in place of the model, and under FSDP2 it runs the sharded model: the model's own forward
+    computes the hidden states (llm/loss.py), so DDP reduces the head's gradients and FSDP gathers its weights
+    like every other layer's. Without labels it returns the model's outputs (logits)."""
 
     def __init__(self, model: nn.Module, chunk_size: int):
         super().__init__()
-        hidden_and_head(model)  # a model without its hidden states apart is refused at build, not at step 1
+        head_and_softcap(model)  # a model without its hidden states apart is refused at build, not at step 1
         self.model, self.chunk_size = model, chunk_size
-
-    @property
-    def _no_split_modules(self):  # transformers' names for its blocks, which FSDP shards one by one
-        return getattr(self.model, "_no_split_modules", None)
 
     def forward(self, labels: torch.Tensor | None = None, **inputs: torch.Tensor) -> torch.Tensor:
         if labels is None:
             return self.model(**inputs)
-        hidden_states, head, softcap = hidden_and_head(self.model)
-        return chunked_token_loss_sum(hidden_states(**inputs), head, labels, self.chunk_size, softcap)
+        head, softcap = head_and_softcap(self.model)
+        return chunked_token_loss_sum(last_hidden_state(self.model, **inputs), head, labels, self.chunk_size, softcap)
 
 
 def training_module(model: nn.Module, loss_chunk_size: int | None) -> nn.Module:
