@@ -60,22 +60,30 @@ class KVCache:
         return key, value
 
 
-Documents = torch.Tensor | list[list[int]]  # [B, T] document ids on the device, or each row's lengths on the host
+Documents = object  # a FlexAttention BlockMask (CUDA), or each row's document lengths read on the host
+
+
+def document_block_mask(position_ids: torch.Tensor):
+    """FlexAttention's block mask for packed rows, made once per forward on the device (no sync): a query sees
+    the earlier keys of its own document; blocks wholly outside a document are skipped, never computed."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = document_starts(position_ids).cumsum(dim=-1)
+
+    def same_document_causal(b, h, query, key):
+        return (documents[b, query] == documents[b, key]) & (query >= key)
+
+    length = position_ids.shape[-1]
+    return create_block_mask(same_document_causal, position_ids.shape[0], None, length, length,
+                             device=position_ids.device)
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
                      dropout: float) -> torch.Tensor:
-    """Causal attention within each document: FlexAttention given document ids (CUDA), causal SDPA per document
+    """Causal attention within each document: FlexAttention given a block mask (CUDA), causal SDPA per document
     given their lengths (elsewhere: FlexAttention has no CPU backward)."""
-    if isinstance(documents, torch.Tensor):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        def same_document_causal(b, h, query, key):
-            return (documents[b, query] == documents[b, key]) & (query >= key)
-
-        length = q.shape[2]
-        mask = create_block_mask(same_document_causal, q.shape[0], None, length, length, device=q.device)
-        return _compiled_flex()(q, k, v, block_mask=mask)
+    if not isinstance(documents, list):
+        return _compiled_flex()(q, k, v, block_mask=documents)
     rows = []
     for row, lengths in enumerate(documents):
         pieces = [F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, dropout_p=dropout)
@@ -198,12 +206,12 @@ class GPT(nn.Module):
     @staticmethod
     def _documents(position_ids: torch.Tensor | None, lengths: list[list[int]] | None) -> Documents | None:
         """How attention keeps documents apart: None where every row is one document (plain causal attention);
-        on CUDA document ids, which stay on the device (FlexAttention takes them: no sync); elsewhere each
-        row's document lengths."""
+        on CUDA a FlexAttention block mask, made on the device (no sync); elsewhere each row's document
+        lengths."""
         if position_ids is None:
             return None
         if position_ids.device.type == "cuda":
-            return document_starts(position_ids).cumsum(dim=-1)
+            return document_block_mask(position_ids)
         lengths = lengths if lengths is not None else document_lengths(position_ids)
         return None if all(len(row) == 1 for row in lengths) else lengths
 
