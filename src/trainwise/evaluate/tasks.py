@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from trainwise.data.batch import IGNORE_INDEX
 from trainwise.errors import ConfigError
 from trainwise.evaluate.metrics import (MATRIX_MAX_CLASSES, as_numpy, classification_metrics, regression_metrics,
                                         softmax)
@@ -32,6 +31,8 @@ class EvalTask:
 def _counted(outputs, targets):
     """Outputs [N, C] and targets [N] of the labels that count: per-position outputs [N, C, T...] are
     flattened (cross-entropy's layout), and targets of -100 (no label: padding, masked tokens) left out."""
+    from trainwise.data.batch import IGNORE_INDEX  # here: a report that reads a run imports no torch
+
     outputs, targets = as_numpy(outputs), as_numpy(targets).astype(np.int64)
     if outputs.ndim > 2:
         outputs, targets = np.moveaxis(outputs, 1, -1).reshape(-1, outputs.shape[1]), targets.reshape(-1)
