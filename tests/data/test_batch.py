@@ -37,8 +37,10 @@ def test_document_lengths_per_row_with_the_padding_its_own():
     assert document_lengths(packed_rows()["position_ids"]) == [[5, 4, 3], [4, 8]]
 
 
-def test_flattened_for_varlen_gives_the_documents_bounds():
-    flat = flattened_for_varlen(packed_rows())
-    assert flat["input_ids"].shape == (1, 24)
-    assert flat["cu_seq_lens_q"].tolist() == [0, 5, 9, 12, 16, 24]
-    assert flat["max_length_q"] == 8 and flat["cu_seq_lens_q"].dtype == torch.int32
+def test_flattened_for_varlen_drops_the_padding_and_gives_the_documents_bounds():
+    batch = packed_rows()
+    flat = flattened_for_varlen(batch)
+    assert flat["input_ids"].shape == (1, 13)  # the real tokens only: no padding reaches the kernel
+    assert flat["input_ids"][0].tolist() == batch["input_ids"][0, :9].tolist() + batch["input_ids"][1, :4].tolist()
+    assert flat["cu_seq_lens_q"].tolist() == [0, 5, 9, 13]
+    assert flat["max_length_q"] == 5 and flat["cu_seq_lens_q"].dtype == torch.int32

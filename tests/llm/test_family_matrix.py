@@ -164,3 +164,36 @@ def test_fsdp2_one_rank_runs_the_chunked_loss_like_one_process(tmp_path):
     one_step(model, None)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-6)
+
+
+class FlashStandIn(torch.nn.Module):
+    """A model that says it runs FlashAttention (the step then flattens its batches, padding-free, with the
+    documents' boundaries); it records what it is called with and computes through an SDPA Llama, which reads
+    the same documents from the flattened position ids."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, []
+        self.config = type("Config", (), {"_attn_implementation": "flash_attention_2"})()
+
+    def forward(self, **inputs):
+        self.calls.append(inputs)
+        return self.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"])
+
+
+def test_a_flash_attention_model_gets_flattened_rows_and_the_same_loss():
+    batch, _ = packed_row()
+    padded = {key: torch.cat([value, torch.zeros_like(value[:, :8])], dim=1) for key, value in batch.items()}
+    padded["labels"][:, -8:] = IGNORE_INDEX  # a pack's padded tail
+    padded["position_ids"][:, -8:] = torch.arange(8)
+    losses = []
+    for flash in (False, True):
+        model = family_model("llama").train()
+        model = FlashStandIn(model) if flash else model
+        step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn=None, precision="fp32",
+                         device=torch.device("cpu"))
+        losses.append(step([padded]).loss)
+    torch.testing.assert_close(losses[1], losses[0])
+    call = model.calls[0]
+    assert call["input_ids"].shape == (1, sum(DOCUMENTS))  # the padding never reaches the kernel
+    assert call["cu_seq_lens_q"].tolist() == [0, 9, 24, 32] and call["max_length_q"] == 15

@@ -60,20 +60,32 @@ def document_lengths(position_ids: torch.Tensor) -> list[list[int]]:
 
 
 def flattened_for_varlen(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """A token batch as FlashAttention's variable-length kernel takes it: the rows laid end to end in one row
-    [1, B*T], with the documents' boundaries (`cu_seq_lens_*`, `max_length_*`) computed here, on the host
-    tensors the loader made, so the step never waits for the device to find them. A document starts where its
-    position id does not follow the previous one (as transformers detects packing), and every row starts one."""
+    """A token batch as FlashAttention's variable-length kernel takes it: the rows' real tokens laid end to end
+    in one row [1, N] (the padding left out: the kernel needs no rectangle), with the documents' boundaries
+    (`cu_seq_lens_*`, `max_length_*`) computed here, on the host tensors the loader made, so the step never
+    waits for the device to find them. A document starts where its position id does not follow the previous
+    one (as transformers detects packing), and every row starts one."""
     positions = batch["position_ids"]
     if positions.device.type != "cpu":
         raise ValueError("flattened_for_varlen reads the position ids on the host: call it before the copy")
-    flat = {key: value.reshape(1, -1) for key, value in batch.items() if key in ("input_ids", "labels",
-                                                                                 "position_ids")}
-    starts = torch.nonzero(document_starts(positions).reshape(-1)).reshape(-1).to(torch.int32)
-    bounds = torch.cat([starts, torch.tensor([positions.numel()], dtype=torch.int32)])
+    kept = torch.arange(positions.shape[-1]) < real_lengths(batch["labels"]).unsqueeze(-1)
+    if not bool(kept.any()):  # no label anywhere: keep the rows whole rather than send nothing
+        kept = torch.ones_like(kept)
+    flat = {key: batch[key][kept].unsqueeze(0) for key in ("input_ids", "labels", "position_ids")}
+    starts = torch.nonzero(document_starts(positions)[kept]).reshape(-1).to(torch.int32)
+    bounds = torch.cat([starts, torch.tensor([int(kept.sum())], dtype=torch.int32)])
     longest = int((bounds[1:] - bounds[:-1]).max())
     flat.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest, max_length_k=longest)
     return flat
+
+
+def real_lengths(labels: torch.Tensor) -> torch.Tensor:
+    """[B]: each row's tokens before its padding. Packing pads a row's tail, which carries no label; a row's
+    real tokens end one past its last label (that label's token is real, and so is the document's final token,
+    which has no label of its own); a row without labels counts none."""
+    length = labels.shape[-1]
+    last = torch.where(labels != IGNORE_INDEX, torch.arange(length), -1).amax(dim=-1)
+    return torch.where(last >= 0, (last + 2).clamp(max=length), 0)
 
 
 def label_tokens(micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> torch.Tensor:
@@ -82,16 +94,8 @@ def label_tokens(micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> torch.T
 
 
 def real_tokens(micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> int:
-    """The tokens of token batches that are not padding, counted on the host tensors the loader made. Packing
-    pads a row's tail, which carries no label; a row's real tokens end one past its last label (that label's
-    token is real, and so is the document's final token, which has no label of its own)."""
-    total = 0
-    for batch in micro_batches:
-        labels = batch["labels"]
-        length = labels.shape[-1]
-        last = torch.where(labels != IGNORE_INDEX, torch.arange(length), -1).amax(dim=-1)
-        total += int(torch.where(last >= 0, (last + 2).clamp(max=length), 0).sum())
-    return total
+    """The tokens of token batches that are not padding (real_lengths), counted on the host batches."""
+    return sum(int(real_lengths(batch["labels"]).sum()) for batch in micro_batches)
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
