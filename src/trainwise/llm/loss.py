@@ -9,7 +9,6 @@ Hugging Face causal LMs (also inside peft) give the two apart; another model qua
 """
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 from torch import nn

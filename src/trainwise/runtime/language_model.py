@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwise.data.batch import IGNORE_INDEX, is_token_batch, model_inputs
+from trainwise.data.batch import IGNORE_INDEX, model_inputs
 
 
 def model_logits(outputs: object) -> torch.Tensor:
