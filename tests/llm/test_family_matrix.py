@@ -197,3 +197,33 @@ def test_a_flash_attention_model_gets_flattened_rows_and_the_same_loss():
     call = model.calls[0]
     assert call["input_ids"].shape == (1, sum(DOCUMENTS))  # the padding never reaches the kernel
     assert call["cu_seq_lens_q"].tolist() == [0, 9, 24, 32] and call["max_length_q"] == 15
+
+
+def test_attention_is_chosen_by_what_the_machine_runs(monkeypatch):
+    from transformers.utils import import_utils
+
+    from trainwise.llm import hf
+
+    assert hf.attention_choices("cpu") == ("sdpa", "eager")
+    monkeypatch.setattr(import_utils, "is_flash_attn_2_available", lambda: False)
+    monkeypatch.setattr(import_utils, "is_flash_attn_3_available", lambda: False, raising=False)
+    assert hf.attention_choices("cuda") == ("flex_attention", "sdpa", "eager")
+    monkeypatch.setattr(import_utils, "is_flash_attn_2_available", lambda: True)
+    assert hf.attention_choices("cuda")[0] == "flash_attention_2"
+    assert hf.attention_of(family_model("gemma2-eager")) == "eager"  # no SDPA path: the family's own eager
+
+
+def test_a_training_model_builds_no_kv_cache(tmp_path):
+    import json
+
+    from trainwise.config.schema import ModelConfig
+    from trainwise.data.bundle import DataSpec
+    from trainwise.text.language_model import build_language_model
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_key_value_heads": 2}))
+    spec = DataSpec(input_shape=(32,), num_classes=VOCAB, task="causal_lm", input_dtype=torch.long)
+    model = build_language_model(ModelConfig(hf_config=str(config)), spec)
+    assert model.config.use_cache is False
+    batch, _ = packed_row()
+    assert model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).past_key_values is None
