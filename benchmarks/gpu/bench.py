@@ -13,6 +13,8 @@
    token batches: tokens/s, MFU (the Trainer's own figures) and the allocator's peak.
 5. The recommenders (benchmarks/recsys.py's throughput): `shop-sasrec` and `shop-din` at the default
    generator size with the recipes' precision (bf16 on the card), training events/s through the Trainer.
+6. The 1B Llama packed: rows of 4,096 tokens holding 8 documents vs the same documents one a row, with the
+   attention trainwise chooses on the card (packed.py): tokens/s and the allocator's peak of each.
 Beside each: the data-wait share the Trainer measured and the telemetry it recorded (GPU utilisation,
 temperature). Results go to benchmarks/results/gpu.json (gpu_dry_run.json for a dry run).
 """
@@ -35,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 from common import machine, write_result  # noqa: E402
 from models import GPT, ResNet50, next_token_loss  # noqa: E402
+from packed import llama_1b_packed  # noqa: E402
 
 from trainwise import ArrayDataset, DataSpec, RunDir, Trainer, config_from_dict  # noqa: E402
 
@@ -213,7 +216,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         result = {"card": name, "peak_bf16_flops": peak, "dry_run": args.dry_run, "smoke": smoke(tmp, args.dry_run),
                   "resnet50": resnet50(tmp, args.dry_run, device), "gpt2": gpt2(tmp, args.dry_run, device, peak),
-                  "llama_1b": llama_1b(tmp, args.dry_run, device), "recsys": recommenders(tmp, args.dry_run, device)}
+                  "llama_1b": llama_1b(tmp, args.dry_run, device), "recsys": recommenders(tmp, args.dry_run, device),
+                  "llama_1b_packed": llama_1b_packed(args.dry_run, device)}
     for recipe, figures in result["recsys"].items():
         print(f"{recipe}: {figures['events_per_s']:,.0f} training events/s")
     measured = {"resnet50_images_per_s": result["resnet50"]["images_per_s"], "gpt2_mfu": result["gpt2"]["mfu"]}

@@ -28,6 +28,8 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     assert result["llama_1b"]["status"] == "completed" and result["llama_1b"]["tokens_per_s"] > 0
     assert result["llama_1b"]["setup"]["weights"] == "bf16" and result["llama_1b"]["flops_per_token"] > 0
     assert 0 <= result["resnet50"]["data_wait_fraction"] <= 1
+    packed = result["llama_1b_packed"]  # the packed-vs-unpacked case, with the attention chosen on the machine
+    assert packed["packed"]["tokens_per_s"] > 0 and packed["unpacked"]["tokens_per_s"] > 0 and packed["attention"]
     assert result["resnet50"]["telemetry"]["samples"] >= 1  # telemetry was recorded with the run
     for recipe in ("shop-sasrec", "shop-din"):  # the recommenders' training events/s through the Trainer
         figures = result["recsys"][recipe]

@@ -6,7 +6,8 @@ import torch
 
 from trainwise.errors import ConfigError
 from trainwise.llm import methods
-from trainwise.llm.loss import chunked_loss_functions, token_loss_sum
+from trainwise.data.batch import token_loss_sum
+from trainwise.train.step import TokenLossModel
 
 from .conftest import tiny_model
 
@@ -15,8 +16,7 @@ def lm_loss_sum(model, batch, chunk_size=None):
     inputs = {k: batch[k] for k in ("input_ids", "position_ids")}
     if chunk_size is None:
         return token_loss_sum(model(**inputs).logits, batch["labels"])
-    forward, token_loss = chunked_loss_functions(model, chunk_size)
-    return token_loss(forward(**inputs), batch["labels"])
+    return TokenLossModel(model, chunk_size)(labels=batch["labels"], **inputs)
 
 
 def _batch(vocab=512, seed=0, length=24):
@@ -72,7 +72,7 @@ def test_a_bad_chunk_size_is_refused():
 
 
 def test_the_fused_chunk_matches_autograd_with_a_soft_cap_and_a_bias():
-    from trainwise.llm.loss import chunked_token_loss_sum
+    from trainwise.data.batch import chunked_token_loss_sum
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 11)
     hidden = torch.randn(2, 5, 8, requires_grad=True)

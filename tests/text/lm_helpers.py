@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from trainwise.text.gpt import GPT, GPTConfig
-from trainwise.train.step import IGNORE_INDEX
+from trainwise.data.batch import IGNORE_INDEX
 
 VOCAB = 40
 

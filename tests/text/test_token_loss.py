@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from tests.text.lm_helpers import split_rows, tiny_gpt, token_batches
-from trainwise.train.step import IGNORE_INDEX, TrainStep
+from trainwise.data.batch import IGNORE_INDEX
+from trainwise.train.step import TrainStep
 
 
 def gradients(micro_batches, accumulation):

@@ -36,7 +36,8 @@ from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision
-from trainwise.train.step import MicroBatch, TrainStep
+from trainwise.data.batch import MicroBatch
+from trainwise.train.step import TrainStep
 
 KNOWN_LOSSES = ("classification", "regression")  # the tasks default_loss knows
 

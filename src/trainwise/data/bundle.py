@@ -13,10 +13,10 @@ from typing import Literal
 import torch
 from torch.utils.data import Dataset
 
+from trainwise.data.batch import IGNORE_INDEX
 from trainwise.errors import DataError
 
 Task = Literal["classification", "regression", "causal_lm"]
-IGNORE_INDEX = -100  # a target that carries no loss (torch's cross-entropy default)
 
 
 @dataclass(frozen=True)

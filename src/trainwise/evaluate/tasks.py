@@ -18,7 +18,6 @@ from trainwise.evaluate.metrics import (MATRIX_MAX_CLASSES, as_numpy, classifica
 from trainwise.recsys.metrics import ranking_metrics, target_ranks
 
 Rows = tuple[list[str], list[list[Any]]]  # header, rows
-IGNORE_INDEX = -100  # a target that is no label (torch's cross-entropy default)
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,8 @@ class EvalTask:
 def _counted(outputs, targets):
     """Outputs [N, C] and targets [N] of the labels that count: per-position outputs [N, C, T...] are
     flattened (cross-entropy's layout), and targets of -100 (no label: padding, masked tokens) left out."""
+    from trainwise.data.batch import IGNORE_INDEX  # here: a report that reads a run imports no torch
+
     outputs, targets = as_numpy(outputs), as_numpy(targets).astype(np.int64)
     if outputs.ndim > 2:
         outputs, targets = np.moveaxis(outputs, 1, -1).reshape(-1, outputs.shape[1]), targets.reshape(-1)

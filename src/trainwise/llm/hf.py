@@ -24,11 +24,32 @@ if TYPE_CHECKING:
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
-# The attention implementation trainwise builds with: PyTorch's scaled_dot_product_attention (traces on fake
-# tensors, no [T x T] score matrix on the fused kernels); families transformers has no sdpa path for (Gemma-2's
-# logit soft-capping) fall back to "eager", whose score matrices the plan then counts, as training would hold them.
-ATTENTION = "sdpa"
-FALLBACK_ATTENTION = "eager"
+# The attention implementations trainwise builds with, best first; the first the family supports is taken.
+# Packed rows reach every one as position ids restarting at each document, from which transformers builds the
+# family's own mask (or, for FlashAttention, the documents' boundaries): no hand-made mask, so sliding windows,
+# soft-capping and GQA's shared K/V stay as the family defines them.
+# - CUDA: FlashAttention-3/2's variable-length kernel where installed (packed rows flattened, no mask at all),
+#   else FlexAttention (block masks: blocks outside a document are skipped), else PyTorch's SDPA.
+# - CPU and the planner's meta device: SDPA (traces on fake tensors); families with no SDPA path (Gemma-2's
+#   logit soft-capping) take "eager", whose score matrices the plan then counts, as training would hold them.
+CPU_ATTENTION = ("sdpa", "eager")
+CUDA_ATTENTION = ("flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager")
+
+
+def attention_choices(device_type: str) -> tuple[str, ...]:
+    """The attention implementations to try on `device_type`, best first, those not installed left out."""
+    if device_type != "cuda":
+        return CPU_ATTENTION
+    from transformers.utils import import_utils
+
+    installed = {"flash_attention_3": getattr(import_utils, "is_flash_attn_3_available", lambda: False)(),
+                 "flash_attention_2": import_utils.is_flash_attn_2_available()}
+    return tuple(name for name in CUDA_ATTENTION if installed.get(name, True))
+
+
+def attention_of(model: "nn.Module") -> str | None:
+    """The attention implementation a Hugging Face model runs (None for other models)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def torch_dtype(name: "str | torch.dtype") -> "torch.dtype":
@@ -100,23 +121,24 @@ def resolve_config(spec: "str | dict[str, Any]", **overrides: Any):
                           f"{model_type!r}: {exc}. Upgrading transformers may add it.") from None
 
 
-def build_model(config, device: "str | torch.device | None" = "meta",
-                dtype: "str | torch.dtype" = "float32") -> "nn.Module":
+def build_model(config, device: "str | torch.device | None" = "meta", dtype: "str | torch.dtype" = "float32",
+                attention: tuple[str, ...] = CPU_ATTENTION) -> "nn.Module":
     """A randomly initialised causal LM from `config`, its parameters in `dtype` on `device` (None: torch's
     current default device).
 
-    On `meta` nothing is allocated (shapes only): the planner builds there, then traces on fake tensors."""
+    On `meta` nothing is allocated (shapes only): the planner builds there, then traces on fake tensors.
+    `attention`: the implementations to try, best first (attention_choices)."""
     import contextlib
 
     import torch
     transformers = require("transformers", "building a Hugging Face model")
-    for attention in (ATTENTION, FALLBACK_ATTENTION):
+    for implementation in attention:
         try:
             with torch.device(device) if device is not None else contextlib.nullcontext():
                 return transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype),
-                                                                     attn_implementation=attention)
-        except ValueError as exc:
-            if attention == FALLBACK_ATTENTION or "attention" not in str(exc):
+                                                                     attn_implementation=implementation)
+        except (ValueError, ImportError) as exc:
+            if implementation == attention[-1] or "attention" not in str(exc).lower():
                 raise ConfigError(f"transformers cannot build {type(config).__name__}: {exc}") from None
     raise AssertionError("unreachable")
 
@@ -145,7 +167,8 @@ def traceable_experts() -> Iterator[None]:
 
 
 def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu",
-                    dtype: "str | torch.dtype" = "float32", **kwargs: Any) -> "nn.Module":
+                    dtype: "str | torch.dtype" = "float32", attention: tuple[str, ...] = CPU_ATTENTION,
+                    **kwargs: Any) -> "nn.Module":
     """The causal LM saved in the local directory (config.json + *.safetensors); never touches the network.
 
     `kwargs` go to `from_pretrained` (e.g. `quantization_config` for QLoRA)."""
@@ -162,12 +185,12 @@ def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ConfigError(f"model.hf={directory} has a config.json but no weights (*.safetensors). To train from "
                           f"random initialisation use model.hf_config={directory} instead.")
-    for attention in (ATTENTION, FALLBACK_ATTENTION):
+    for implementation in attention:
         try:
             return transformers.AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=torch_dtype(dtype), device_map=None if str(device) == "cpu" else {"": str(device)},
-                local_files_only=True, attn_implementation=attention, **kwargs)
-        except (OSError, ValueError) as exc:
-            if attention == FALLBACK_ATTENTION or "scaled_dot_product_attention" not in str(exc):
+                local_files_only=True, attn_implementation=implementation, **kwargs)
+        except (OSError, ValueError, ImportError) as exc:
+            if implementation == attention[-1] or "attention" not in str(exc).lower():
                 raise ConfigError(f"cannot load the model in {directory}: {exc}") from None
     raise AssertionError("unreachable")

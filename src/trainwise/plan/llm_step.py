@@ -90,17 +90,13 @@ def lm_step(job: LmJob, layers: int | None = None, micro_batch: int | None = Non
     in what one micro-batch holds, so their slopes are the cost of a sequence."""
     config = job.config(layers)
     micro = micro_batch or job.micro
-
-    def prepare(train_step):
-        train_step.loss_chunk_size = job.loss_chunk_size  # the engine's own chunked loss (llm/loss.py)
-
     return TrainingStep(
         build_model=lambda: build_lm(job, layers), input_shape=(seq_len or job.seq_len,),
         input_dtype=torch.int64, task="classification", num_classes=config.vocab_size, micro_batch_size=micro,
         accumulation_steps=max(job.batch_size // job.micro, 1), precision=job.precision, optimizer=job.optimizer,
         optimizer_args={"lr": 1e-4}, grad_clip_norm=job.grad_clip_norm, device_kind=device_kind,
         vocabulary_size=config.vocab_size, target_shape=(seq_len or job.seq_len,), token_batches=True,
-        build_on_meta=True, prepare=prepare)
+        build_on_meta=True, loss_chunk_size=job.loss_chunk_size)  # the engine's TokenLossModel, traced
 
 
 # ---- QLoRA's base, planned by size ----------------------------------------------------------------------

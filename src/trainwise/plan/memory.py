@@ -72,10 +72,10 @@ class TrainingStep:
     target_shape: tuple[int, ...] = ()
     # Language models (plan/llm_step.py): dict batches of input_ids/labels/position_ids of input_shape (T,),
     # the model built on the meta device outside the fake mode (casts, peft wrappers and tied weights then
-    # work; the trace converts its tensors), and `prepare` adjusts the TrainStep (a chunked loss).
+    # work; the trace converts its tensors), and the step's chunked loss (StepSettings.loss_chunk_size).
     token_batches: bool = False
     build_on_meta: bool = False
-    prepare: Callable[[TrainStep], None] | None = None
+    loss_chunk_size: int | None = None
     count_flops: bool = True  # False: skip the FLOP-counting pass (a trace read for its memory only)
 
     def at_micro_batch(self, micro_batch_size: int) -> "TrainingStep":
@@ -125,11 +125,8 @@ def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
     else:
         optimizer = build_optimizer(model, OptimConfig(name=step.optimizer, **step.optimizer_args))
     settings = StepSettings(precision=step.precision, task=step.task, grad_clip_norm=step.grad_clip_norm,
-                            label_smoothing=step.label_smoothing)
-    train_step = TrainStep.from_settings(model, optimizer, settings, device=device, to_device=to_device)
-    if step.prepare is not None:
-        step.prepare(train_step)
-    return train_step
+                            label_smoothing=step.label_smoothing, loss_chunk_size=step.loss_chunk_size)
+    return TrainStep.from_settings(model, optimizer, settings, device=device, to_device=to_device)
 
 
 def traced_micro_batches(step: TrainingStep) -> int:

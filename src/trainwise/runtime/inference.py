@@ -7,8 +7,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.loader import LoaderSettings, build_loader
-from trainwise.llm.loss import IGNORE_INDEX
-from trainwise.runtime.language_model import is_token_batch
+from trainwise.data.batch import IGNORE_INDEX, is_token_batch
 from trainwise.runtime.precision import Precision, autocast
 
 

@@ -19,10 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwise.llm.loss import IGNORE_INDEX, model_inputs
-
-def is_token_batch(batch: object) -> bool:
-    return isinstance(batch, Mapping)
+from trainwise.data.batch import IGNORE_INDEX, model_inputs
 
 
 def model_logits(outputs: object) -> torch.Tensor:

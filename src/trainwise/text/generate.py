@@ -81,7 +81,7 @@ def _generate_hugging_face(model: nn.Module, prompt: list[int], sampling: Sampli
     ids = torch.tensor([prompt], device=device)
     greedy = sampling.temperature == 0
     options = {"do_sample": not greedy, "max_new_tokens": max_new, "eos_token_id": eos_id,
-               "pad_token_id": eos_id, "attention_mask": torch.ones_like(ids)}
+               "pad_token_id": eos_id, "attention_mask": torch.ones_like(ids), "use_cache": True}
     if not greedy:
         options.update(temperature=sampling.temperature, top_k=sampling.top_k or 0)
     generated = model.generate(ids, **options)

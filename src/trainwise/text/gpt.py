@@ -2,12 +2,15 @@
 
 GPT-2's layout (learned positions, pre-norm blocks, GELU MLP 4x wide, a final LayerNorm, the output head
 tied to the token embedding), so `trainwise export` maps it onto transformers' GPT2LMHeadModel one tensor
-for one tensor (evaluate/export.py). Attention is `scaled_dot_product_attention`. Given `position_ids` that
-restart at 0 inside a row (packed documents, text/packing.py), attention is block-diagonal: a token sees
-only the earlier tokens of its own document, so a packed row computes each document exactly as if alone.
+for one tensor (evaluate/export.py). Given `position_ids` that restart at 0 inside a row (packed documents,
+text/packing.py), a token sees only the earlier tokens of its own document, so a packed row computes each
+document exactly as if alone; no [B, T, T] mask is ever made:
+- rows of one document (or no position ids): causal `scaled_dot_product_attention` (the flash kernels);
+- on CUDA: FlexAttention with a document block mask (compiled; blocks outside a document are skipped);
+- elsewhere: causal SDPA per document, the boundaries read from the position ids on the host.
 
-`model(input_ids=..., position_ids=..., attention_mask=...)` returns logits [B, T, vocab]; generation
-passes a `KVCache` to reuse the keys and values of the tokens already seen.
+`model(input_ids=..., position_ids=...)` returns logits [B, T, vocab]; generation passes a `KVCache` to reuse
+the keys and values of the tokens already seen.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
+
+from trainwise.data.batch import document_lengths, document_starts
 
 
 @dataclass(frozen=True)
@@ -55,29 +60,48 @@ class KVCache:
         return key, value
 
 
-def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool: True where query t may attend to key s (same document, s <= t). A document starts
-    where its position id is 0; computed on the device, no host sync."""
-    document = (position_ids == 0).cumsum(dim=1)
-    same = document.unsqueeze(2) == document.unsqueeze(1)
-    length = position_ids.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
-    return (same & causal).unsqueeze(1)
+Documents = object  # a FlexAttention BlockMask (CUDA), or each row's document lengths read on the host
 
 
-def attention_mask_4d(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
-                      length: int) -> torch.Tensor | None:
-    """The [B, 1, T, T] bool mask for packed documents (from position ids) and padding (a [B, T] attention
-    mask: no query attends to a padded key, but each to itself, so no row is empty); None when plain causal
-    attention is all that is needed."""
-    mask = document_mask(position_ids) if position_ids is not None else None
-    if attention_mask is None:
-        return mask
-    device = attention_mask.device
-    if mask is None:
-        mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
-    keys = attention_mask.bool()[:, None, None, :]
-    return mask & (keys | torch.eye(length, dtype=torch.bool, device=device))
+def document_block_mask(position_ids: torch.Tensor):
+    """FlexAttention's block mask for packed rows, made once per forward on the device (no sync): a query sees
+    the earlier keys of its own document; blocks wholly outside a document are skipped, never computed."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = document_starts(position_ids).cumsum(dim=-1)
+
+    def same_document_causal(b, h, query, key):
+        return (documents[b, query] == documents[b, key]) & (query >= key)
+
+    length = position_ids.shape[-1]
+    return create_block_mask(same_document_causal, position_ids.shape[0], None, length, length,
+                             device=position_ids.device)
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
+                     dropout: float) -> torch.Tensor:
+    """Causal attention within each document: FlexAttention given a block mask (CUDA), causal SDPA per document
+    given their lengths (elsewhere: FlexAttention has no CPU backward)."""
+    if not isinstance(documents, list):
+        return _compiled_flex()(q, k, v, block_mask=documents)
+    rows = []
+    for row, lengths in enumerate(documents):
+        pieces = [F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, dropout_p=dropout)
+                  for qd, kd, vd in zip(*(t[row:row + 1].split(lengths, dim=2) for t in (q, k, v)))]
+        rows.append(torch.cat(pieces, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+_FLEX = None
+
+
+def _compiled_flex():
+    global _FLEX
+    if _FLEX is None:  # compiled once, on first use: uncompiled FlexAttention would hold every score
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
 
 
 class CausalSelfAttention(nn.Module):
@@ -90,20 +114,23 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.width, config.width, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, documents: Documents | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         q, k, v = (t.view(batch, length, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
-        causal = mask is None
+        dropout = self.dropout if self.training else 0.0
+        if documents is not None:
+            y = packed_attention(q, k, v, documents, dropout)
+            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(batch, length, width)))
+        causal, mask = True, None
         if cache is not None:
             past = cache.seen_by(layer)
             k, v = cache.extend(layer, k, v)
             if past:  # new queries see every cached key and the new ones up to themselves
                 causal = False
                 mask = torch.ones(length, past + length, dtype=torch.bool, device=x.device).tril(past)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(batch, length, width)))
 
 
@@ -126,9 +153,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.width, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, documents: Documents | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        x = x + self.attn(self.ln_1(x), documents, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -160,19 +187,33 @@ class GPT(nn.Module):
         return list(self.h)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, document_lengths: list[list[int]] | None = None) -> torch.Tensor:
+        """`document_lengths`: each row's documents, read on the host before the copy (data/batch.py); without
+        them a CPU forward reads them from `position_ids` itself."""
         length = input_ids.shape[1]
         start = cache.seen if cache is not None else 0
-        mask = None if cache is not None else attention_mask_4d(position_ids, attention_mask, length)
+        documents = None if cache is not None else self._documents(position_ids, document_lengths)
         if position_ids is None:  # one document a row: plain causal attention (the fast kernels)
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         for layer, block in enumerate(self.h):
             if self.gradient_checkpointing and self.training and cache is None:
-                x = checkpoint(block, x, mask, use_reentrant=False)
+                x = checkpoint(block, x, documents, use_reentrant=False)
             else:
-                x = block(x, mask, cache, layer)
+                x = block(x, documents, cache, layer)
         return self.lm_head(self.ln_f(x))
+
+    @staticmethod
+    def _documents(position_ids: torch.Tensor | None, lengths: list[list[int]] | None) -> Documents | None:
+        """How attention keeps documents apart: None where every row is one document (plain causal attention);
+        on CUDA a FlexAttention block mask, made on the device (no sync); elsewhere each row's document
+        lengths."""
+        if position_ids is None:
+            return None
+        if position_ids.device.type == "cuda":
+            return document_block_mask(position_ids)
+        lengths = lengths if lengths is not None else document_lengths(position_ids)
+        return None if all(len(row) == 1 for row in lengths) else lengths
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.h))

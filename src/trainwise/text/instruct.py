@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Literal
 
+from trainwise.data.batch import IGNORE_INDEX
 from trainwise.errors import DataError
 from trainwise.text.chat import Conversation
 from trainwise.text.chat_templates import ChatTemplate, Segment
 
-IGNORE_INDEX = -100
 TooLong = Literal["truncate", "drop"]
 
 
@@ -62,6 +62,7 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
     segments = _weighted(template.segments(messages), conversation, template)
     ids: list[int] = []
     trains: list[bool] = []
+    piece: list[int] = []
     for segment in segments:
         piece = list(tokenizer.encode(segment.text)) if segment.text else []
         if segment.end_of_answer:
@@ -71,8 +72,9 @@ def encode_conversation(conversation: Conversation | list[dict[str, str]], templ
             piece.append(tokenizer.eos_id)
         ids += piece
         trains += [segment.trains or not mask_prompt] * len(piece)
-    if tokenizer.eos_id is not None and ids and ids[-1] != tokenizer.eos_id:
-        # every document ends with end-of-text (the token shards' rule), learnt when an answer ends the sample
+    if tokenizer.eos_id is not None and ids and tokenizer.eos_id not in piece:
+        # every sample ends with the eos, learnt when an answer ends it; once: where the eos is the template's
+        # end-of-turn (<|im_end|>, Qwen/SmolLM) the last segment already closed with it
         ids.append(tokenizer.eos_id)
         trains.append(trains[-1])
     return Sample(ids, trains)

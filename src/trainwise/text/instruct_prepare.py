@@ -174,7 +174,7 @@ def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: I
         samples, stats[split] = encode_all(conversations, template, tokenizer, max_tokens=options.seq_len,
                                            too_long=options.too_long, mask_prompt=options.mask_prompt)
         read.problems += stats[split].problems  # skipped rows, listed with those the reader skipped
-        writer = TokenSplitWriter(out, split, dtype, eos_id=tokenizer.eos_id, with_loss_mask=True)
+        writer = TokenSplitWriter(out, split, dtype, eos_id=None, with_loss_mask=True)  # samples end themselves
         for sample in samples:
             writer.add(sample.ids, [int(t) for t in sample.trains])
         entries[split], side = writer.close()

@@ -2,9 +2,11 @@
 model directory with weights; `model.hf_config`: random init from a catalogue name or config.json), with
 `model.method` (full / freeze / LoRA / QLoRA), `model.dtype` and gradient checkpointing applied.
 
-Hugging Face models get packing right through a 4-D attention mask derived from the batch's position ids
-(a forward pre-hook, so the model and its state dict stay as transformers made them): a packed row then
-computes each document exactly as if alone, as the built-in gpt does.
+Packed rows reach a Hugging Face model as position ids restarting at each document and nothing else: transformers
+derives the family's own mask from them (causal, sliding window, eager's additive mask; GQA kept), or FlashAttention
+the documents' boundaries, so a packed row computes each document exactly as if alone, as the built-in gpt does.
+The attention implementation is the best this machine runs (llm/hf.py attention_choices); no KV cache is built
+while training (`use_cache` off; generation asks for its cache itself).
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from torch import nn
 
 from trainwise.data.bundle import DataSpec
 from trainwise.errors import ConfigError
-from trainwise.text.gpt import attention_mask_4d
 
 
 def is_language_model_config(model_config: Any) -> bool:
@@ -31,15 +32,16 @@ def build_language_model(model_config: Any, spec: DataSpec, seed: int = 0) -> nn
     what trains (runtime/model_state.py)."""
     import torch
 
-    from trainwise.llm.hf import build_model, load_pretrained, resolve_config
+    from trainwise.llm.hf import attention_choices, build_model, load_pretrained, resolve_config
     from trainwise.llm.methods import apply_model_config
 
     if spec.num_classes is None or spec.task != "causal_lm":
         raise ConfigError("model.hf / model.hf_config train on text: prepare it with `trainwise prepare CORPUS "
                           "--to DIR` (with --tokenizer MODEL_DIR for model.hf) and set data.path=DIR.")
+    attention = attention_choices("cuda" if torch.cuda.is_available() else "cpu")
     if model_config.hf:
         check_tokenizer(model_config.hf, spec)
-        model = load_pretrained(model_config.hf, dtype=_dtype(model_config))
+        model = load_pretrained(model_config.hf, dtype=_dtype(model_config), attention=attention)
         vocab = model.get_input_embeddings().num_embeddings
         if spec.num_classes > vocab:
             raise ConfigError(f"the data has ids up to {spec.num_classes - 1} but model.hf={model_config.hf} embeds "
@@ -54,8 +56,8 @@ def build_language_model(model_config: Any, spec: DataSpec, seed: int = 0) -> nn
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             model = build_model(resolve_config(model_config.hf_config, **overrides), device="cpu",
-                                dtype=_dtype(model_config))
-    model.register_forward_pre_hook(_packed_documents_mask, with_kwargs=True)
+                                dtype=_dtype(model_config), attention=attention)
+    model.config.use_cache = False  # training builds no KV cache
     return apply_model_config(model, model_config)
 
 
@@ -78,19 +80,6 @@ def _config_fields(spec: str) -> dict[str, Any]:
     from trainwise.llm.hf import config_dict
 
     return config_dict(spec)
-
-
-def _packed_documents_mask(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Before a Hugging Face forward: position ids that restart inside a row become a block-diagonal causal
-    4-D mask (with any [B, T] padding mask folded in). Generation (a cache) is left alone."""
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None or kwargs.get("past_key_values") is not None or kwargs.get("use_cache"):
-        return None
-    mask = kwargs.get("attention_mask")
-    if mask is not None and mask.ndim == 4:
-        return None
-    kwargs["attention_mask"] = attention_mask_4d(position_ids, mask, position_ids.shape[-1])
-    return args, kwargs
 
 
 def check_tokenizer(model_dir: str, spec: DataSpec) -> None:

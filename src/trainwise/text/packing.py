@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from trainwise.data.batch import IGNORE_INDEX
 from trainwise.text.tokens import TokenSplit
-
-IGNORE_INDEX = -100  # the label that carries no loss, as torch's cross-entropy and transformers use
 
 
 def pack_ranges(offsets: np.ndarray, seq_len: int, *, split_documents: bool = True) -> np.ndarray:

@@ -88,7 +88,7 @@ def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[
     dtype = token_dtype(tokenizer.max_id + 1)
     check_free_space(to, chars * dtype.itemsize)  # at most one token per byte of text (byte-level)
     tokenizer.save(to / TOKENIZER_DIR)
-    writers = {split: TokenSplitWriter(to, split, dtype, eos_id=tokenizer.eos_id) for split in SPLITS}
+    writers = {split: TokenSplitWriter(to, split, dtype, eos_id=tokenizer.separator_id) for split in SPLITS}
     copies = SplitCopies()
     _encode_into(writers, _pieces(source, options, codes, by_position), tokenizer, copies)
     splits, files = {}, {}

@@ -46,6 +46,11 @@ class Tokenizer:
     pad_id: int | None
     chat_template: str | None = None
 
+    @property
+    def separator_id(self) -> int | None:
+        """The id that ends a plain-text document: the end-of-text (most tokenizers' eos)."""
+        return self.eos_id
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -158,6 +163,14 @@ class ModelTokenizer(Tokenizer):
         self.eos_id = backend.eos_token_id
         self.pad_id = backend.pad_token_id if backend.pad_token_id is not None else backend.eos_token_id
         self.chat_template = getattr(backend, "chat_template", None)
+
+    @property
+    def separator_id(self) -> int | None:
+        """The model's document separator: `<|endoftext|>` where the vocabulary has it. A chat model's eos is
+        often its end-of-turn (`<|im_end|>`, Qwen/SmolLM): plain text is not a turn, so it is not ended by one."""
+        separator = self.backend.convert_tokens_to_ids(END_OF_TEXT)
+        unknown = getattr(self.backend, "unk_token_id", None)
+        return separator if isinstance(separator, int) and separator != unknown else self.eos_id
 
     @classmethod
     def from_directory(cls, path: str | Path) -> "ModelTokenizer":

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainwise.errors import ConfigError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_dirs import CheckpointDirs
+from trainwise.train.step import training_module
 
 Strategy = Literal["single", "ddp", "fsdp"]
 
@@ -109,24 +110,27 @@ def resolve_strategy(requested: str, ranks: Ranks) -> Strategy:
     return requested  # type: ignore[return-value]
 
 
-def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, precision: str, cpu_offload: bool
-               ) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
+def wrap_model(model: nn.Module, strategy: Strategy, *, device: torch.device, precision: str, cpu_offload: bool,
+               loss_chunk: int | None = None) -> tuple[Callable[..., torch.Tensor], Callable[[], Any] | None]:
     """(what computes the outputs, the context that skips the gradient all-reduce/reduce-scatter on
-    micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors."""
+    micro-batches before the last). FSDP shards `model` in place: its parameters become DTensors.
+    `loss_chunk` (model.loss_chunk_size): what computes is the model's TokenLossModel, whose forward returns the
+    chunked loss through the model's own forward, so DDP reduces the head's gradients and FSDP gathers its
+    weights (train/step.py); FSDP's root stays the model, which evaluation and checkpoints use."""
     if strategy in ("ddp", "fsdp") and any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
                                            for m in model.modules()):
         raise ConfigError(f"sparse embedding gradients (model.args.sparse_embeddings=true) cannot be averaged "
                           f"across ranks under train.strategy={strategy} (NCCL has no sparse all-reduce): train "
                           "on one rank, or set model.args.sparse_embeddings=false.")
     if strategy == "ddp":
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(training_module(model, loss_chunk))
         return ddp, ddp.no_sync
     if strategy == "fsdp" and dist.is_initialized():
         from trainwise.train.fsdp import gradient_sync_off, shard_model
 
         shard_model(model, precision=precision, cpu_offload=cpu_offload, device=device)
-        return model, lambda: gradient_sync_off(model)
-    return model, None
+        return training_module(model, loss_chunk), lambda: gradient_sync_off(model)
+    return training_module(model, loss_chunk), None
 
 
 # what Gloo and NCCL say when the rank at the other end of a collective is gone (they raise plain

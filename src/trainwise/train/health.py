@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from trainwise.train.step import MicroBatch, StepOutcome
+from trainwise.data.batch import MicroBatch
+from trainwise.train.step import StepOutcome
 
 # GradScaler halves its scale on each overflow: 20 skips in a row is a 2**20 drop, far past the few
 # skips of the first steps while it settles. By then the gradients overflow at any scale.

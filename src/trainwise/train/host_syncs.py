@@ -4,7 +4,8 @@ On a GPU, `.item()`, `bool(t)`, `float(t)`, `.tolist()`, `.cpu()` and `.numpy()`
 the Python thread until every queued kernel has run: the GPU then idles while the host prepares the next
 step. `HostSyncCounter` sees each such call through a TorchFunctionMode, so it works on the CPU too, where
 the calls cost nothing but are the same calls. The data path's own host tensors (the sampler's permutation,
-the DataLoader's indices) are not device syncs and are left out by where they are called from.
+the DataLoader's indices, a token batch's document boundaries read before its copy, data/batch.py) are not
+device syncs and are left out by where they are called from.
 
     counter = HostSyncCounter()
     with counter:
@@ -23,7 +24,7 @@ from trainwise.train.callbacks import Callback
 
 SYNCING_CALLS = frozenset({torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__float__,
                            torch.Tensor.__int__, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy})
-HOST_SIDE_CALLERS = ("trainwise/train/sampler.py", "torch/utils/data/")
+HOST_SIDE_CALLERS = ("trainwise/train/sampler.py", "torch/utils/data/", "trainwise/data/batch.py")
 
 
 class HostSyncCounter(TorchFunctionMode):

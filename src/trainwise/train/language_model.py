@@ -23,18 +23,17 @@ from trainwise.errors import TrainwiseWarning
 from trainwise.text.run_checks import check_language_run
 from trainwise.text.tokenizer import record_sequence_length
 from trainwise.train.callbacks import Callback
-from trainwise.train.step import MicroBatch, is_token_batch
+from trainwise.data.batch import MicroBatch, is_token_batch, real_tokens
 
 PeakLookup = Callable[[str, str, bool], "float | None"]  # (device name, precision, tf32) -> FLOP/s or None
 
 
 def tokens_in(micro_batches: Sequence[MicroBatch]) -> tuple[int, int]:
-    """(tokens, sequence length) of a step's token batches, from their shapes (no device work); (0, 0) for
-    `(inputs, targets)` batches."""
+    """(real tokens, sequence length) of a step's token batches: padding is not counted, so tokens/s and MFU
+    are the work that trains (counted on the host batches: no device work); (0, 0) for `(inputs, targets)`."""
     if not micro_batches or not is_token_batch(micro_batches[0]):
         return 0, 0
-    ids = [batch["input_ids"] for batch in micro_batches]  # type: ignore[index]
-    return sum(t.numel() for t in ids), int(ids[0].shape[-1])
+    return real_tokens(micro_batches), int(micro_batches[0]["input_ids"].shape[-1])  # type: ignore[index]
 
 
 def matmul_parameters(model: nn.Module) -> tuple[int, int]:

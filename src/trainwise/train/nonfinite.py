@@ -40,7 +40,8 @@ def first_nonfinite_in(model: nn.Module, forward: Callable, micro_batch, device:
                        context: AbstractContextManager = nullcontext()) -> tuple[str, str] | None:
     """`first_nonfinite_module` on one micro-batch: `(inputs, targets)`, or a token batch whose fields the
     model takes by name."""
-    from trainwise.runtime.language_model import call_model, is_token_batch
+    from trainwise.data.batch import is_token_batch
+    from trainwise.runtime.language_model import call_model
 
     if is_token_batch(micro_batch):
         batch = {key: value.to(device) for key, value in micro_batch.items()}

@@ -114,7 +114,10 @@ def _starting(trainer) -> str:
         start = f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
     else:
         start = f"training {trainer.max_steps} steps"
-    return f"{start} on {trainer.device} ({precision_words(trainer)}); run directory {trainer.run_dir.path}"
+    attention = getattr(getattr(trainer.model, "config", None), "_attn_implementation", None)  # Hugging Face
+    with_attention = f", {attention} attention" if attention else ""
+    return (f"{start} on {trainer.device} ({precision_words(trainer)}{with_attention}); run directory "
+            f"{trainer.run_dir.path}")
 
 
 def precision_words(trainer) -> str:

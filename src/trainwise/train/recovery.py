@@ -40,7 +40,8 @@ from trainwise.errors import TrainingError
 from trainwise.llm.methods import enable_gradient_checkpointing, gradient_checkpointing_enabled
 from trainwise.train.distributed import agree, average_gradients
 from trainwise.train.state import TrainState
-from trainwise.train.step import STEP_RANGE, MicroBatch, StepOutcome, TrainStep
+from trainwise.data.batch import MicroBatch
+from trainwise.train.step import STEP_RANGE, StepOutcome, TrainStep
 
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir

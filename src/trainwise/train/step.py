@@ -20,18 +20,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from trainwise.data.batch import (MicroBatch, chunked_token_loss_sum, document_lengths, flattened_for_varlen,
+                                  is_token_batch, label_tokens, model_inputs, token_loss_sum)
 from trainwise.errors import ConfigError, ModelCallError, TrainwiseError
-from trainwise.llm.loss import IGNORE_INDEX, lm_loss_sum, token_loss_sum
-from trainwise.runtime.language_model import call_model, is_token_batch
+from trainwise.llm.loss import head_and_softcap, last_hidden_state
+from trainwise.runtime.language_model import call_model
 from trainwise.runtime.precision import Precision, autocast
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-# `(inputs, targets)`, or a token batch: a dict of input_ids, labels (aligned with the outputs, -100 = no
-# loss), position_ids and optionally attention_mask, each [B, T] (text/packing.py)
-MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # a MicroBatch's is in data/batch.py
 STEP_RANGE = "trainwise.train_step"
 
 
@@ -55,8 +54,7 @@ def default_loss(task: str, label_smoothing: float = 0.0) -> LossFn:
 def label_count(micro_batches: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
     """The step's tokens that carry loss, over every micro-batch and every rank: counted where the labels are
     (host memory: no device work), moved without waiting, summed over the ranks by a collective (no host sync)."""
-    count = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches)
-    count = torch.as_tensor(count).to(device, non_blocking=True).float()
+    count = label_tokens(micro_batches).to(device, non_blocking=True).float()
     if torch.distributed.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_world_size() > 1:
         torch.distributed.all_reduce(count)
@@ -110,6 +108,44 @@ def replicated(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+class TokenLossModel(nn.Module):
+    """A causal LM whose forward returns a token batch's summed loss, the output head and cross-entropy run
+    `chunk_size` tokens at a time (data/batch.py), so the logits never exist whole. The engine wraps this module
+    (DDP, torch.compile) in place of the model, and under FSDP2 it runs the sharded model: the model's own forward
+    computes the hidden states (llm/loss.py), so DDP reduces the head's gradients and FSDP gathers its weights
+    like every other layer's. Without labels it returns the model's outputs (logits)."""
+
+    def __init__(self, model: nn.Module, chunk_size: int):
+        super().__init__()
+        head_and_softcap(model)  # a model without its hidden states apart is refused at build, not at step 1
+        self.model, self.chunk_size = model, chunk_size
+
+    def forward(self, labels: torch.Tensor | None = None, **inputs: torch.Tensor) -> torch.Tensor:
+        if labels is None:
+            return self.model(**inputs)
+        head, softcap = head_and_softcap(self.model)
+        return chunked_token_loss_sum(last_hidden_state(self.model, **inputs), head, labels, self.chunk_size, softcap)
+
+
+def training_module(model: nn.Module, loss_chunk_size: int | None) -> nn.Module:
+    """What a step's forward runs (and the Trainer wraps for DDP/FSDP/compile): the model, or with
+    `loss_chunk_size` its TokenLossModel."""
+    return TokenLossModel(model, loss_chunk_size) if loss_chunk_size else model
+
+
+def uses_varlen_attention(model: nn.Module) -> bool:
+    """Whether the model runs FlashAttention, whose variable-length kernel takes packed rows flattened."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    return implementation.startswith("flash_attention")
+
+
+def takes_document_lengths(model: nn.Module, device: torch.device) -> bool:
+    """Whether the model attends per document from lengths read on the host (the built-in gpt off CUDA)."""
+    import inspect
+
+    return device.type != "cuda" and "document_lengths" in inspect.signature(model.forward).parameters
+
+
 class TrainStep:
     """`step(micro_batches)` = forward/backward of each micro-batch (gradients accumulate), then one update.
 
@@ -125,13 +161,18 @@ class TrainStep:
                  forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  no_sync: Callable[[], object] | None = None,
                  to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, model_name: str | None = None):
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, model_name: str | None = None,
+                 loss_chunk_size: int | None = None):
         self.model, self.optimizer, self.loss_fn = model, optimizer, model_loss(model, loss_fn)
         self.precision, self.device = precision, device
         self.grad_clip_norm = grad_clip_norm
         self.scheduler = scheduler
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
-        self.forward = forward if forward is not None else model
+        self.loss_chunk_size = loss_chunk_size  # token batches: model.loss_chunk_size
+        self.loss_model = training_module(model, loss_chunk_size)  # the unwrapped forward (local steps)
+        self.forward = forward if forward is not None else self.loss_model
+        self.varlen = uses_varlen_attention(model)
+        self.host_documents = takes_document_lengths(model, device)
         self.no_sync = no_sync
         self.to_device = to_device or (lambda t: t.to(device, non_blocking=True))
         self.augment = augment
@@ -139,7 +180,6 @@ class TrainStep:
         self.clipped = dense_gradient_parameters(self.parameters, model)
         self.device_skip = supports_device_skip(optimizer)
         self.model_name = model_name or type(model).__name__  # for messages about the user's model
-        self.loss_chunk_size: int | None = None  # token batches: model.loss_chunk_size
         self.steps_done = 0
 
     def __call__(self, micro_batches: Sequence[MicroBatch]) -> StepOutcome:
@@ -189,9 +229,14 @@ class TrainStep:
             torch.distributed.is_initialized() else 1
         scale = world / label_count(micro_batches, self.device).clamp(min=1)
         loss = torch.zeros((), device=self.device)
-        forward = self.model if local else self.forward
+        forward = self.loss_model if local else self.forward
         for index, batch in enumerate(micro_batches):
-            batch = {key: self.to_device(value) for key, value in batch.items()}
+            if self.varlen:  # documents laid end to end, their boundaries read on the host
+                batch = flattened_for_varlen(batch)
+            elif self.host_documents and "position_ids" in batch:
+                batch = {**batch, "document_lengths": document_lengths(batch["position_ids"])}
+            batch = {key: self.to_device(value) if isinstance(value, torch.Tensor) else value
+                     for key, value in batch.items()}
             last = index == len(micro_batches) - 1
             with self.no_sync() if self.no_sync is not None and not (last or local) else nullcontext():
                 with autocast(self.precision, self.device):
@@ -202,10 +247,10 @@ class TrainStep:
         return loss
 
     def _token_loss(self, forward: Callable, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One micro-batch's summed token loss; with model.loss_chunk_size the head and cross-entropy run a
-        chunk of tokens at a time on the plain model (llm/loss.py), so the logits never exist whole."""
+        """One micro-batch's summed token loss; with model.loss_chunk_size `forward` is a TokenLossModel
+        (wrapped as the Trainer wraps it) that returns the loss itself, the logits never whole."""
         if self.loss_chunk_size:
-            return lm_loss_sum(self.model, batch, self.loss_chunk_size)
+            return forward(labels=batch["labels"], **model_inputs(batch))
         return token_loss_sum(call_model(forward, batch), batch["labels"])
 
     def _call(self, what: str, function: Callable, *args, inputs: torch.Tensor | None = None):
@@ -254,11 +299,10 @@ class TrainStep:
         `wiring`: scheduler, forward, no_sync, augment (the Trainer's), to_device (the planner's)."""
         from trainwise.runtime.precision import make_scaler
 
-        step = cls(model, optimizer, loss_fn=loss_fn or default_loss(settings.task, settings.label_smoothing),
+        return cls(model, optimizer, loss_fn=loss_fn or default_loss(settings.task, settings.label_smoothing),
                    precision=settings.precision, device=device, grad_clip_norm=settings.grad_clip_norm,
-                   scaler=make_scaler(settings.precision, device), model_name=settings.model_name, **wiring)
-        step.loss_chunk_size = settings.loss_chunk_size  # token batches: chunked cross-entropy
-        return step
+                   scaler=make_scaler(settings.precision, device), model_name=settings.model_name,
+                   loss_chunk_size=settings.loss_chunk_size, **wiring)
 
     @classmethod
     def from_config(cls, model: nn.Module, config: "RunConfig", *, task: str, device: torch.device,

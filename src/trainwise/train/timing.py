@@ -9,7 +9,7 @@ from typing import TypeVar
 import torch
 
 from trainwise.train.language_model import TokenFigures, tokens_in
-from trainwise.train.step import MicroBatch
+from trainwise.data.batch import MicroBatch
 
 T = TypeVar("T")
 
@@ -43,7 +43,7 @@ class StepTimer:
     def step_done(self, loss: torch.Tensor, samples: int, micro_batches: Sequence[MicroBatch] = ()) -> None:
         self.steps += 1
         self.samples += samples
-        tokens, seq_len = tokens_in(micro_batches)  # token batches: the positions computed, from their shapes
+        tokens, seq_len = tokens_in(micro_batches)  # token batches: the real (non-padding) tokens
         self.tokens += tokens
         self.seq_len = seq_len or self.seq_len
         self.loss_sum = self.loss_sum + loss  # stays on the device: no sync

@@ -99,7 +99,7 @@ class Trainer:
         self.tf32 = enable_tf32(self.device, train.tf32)
         self.model = model.to(self.device)
         self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
-                                           cpu_offload=train.fsdp_cpu_offload)
+                                           cpu_offload=train.fsdp_cpu_offload, loss_chunk=self.config.model.loss_chunk_size)
         if self.config.model.compile:
             self.forward = torch.compile(self.forward)
         return no_sync
