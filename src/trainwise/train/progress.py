@@ -114,7 +114,7 @@ def _starting(trainer) -> str:
         start = f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
     else:
         start = f"training {trainer.max_steps} steps"
-    attention = getattr(getattr(trainer.model, "config", None), "_attn_implementation", None)  # Hugging Face
+    attention = getattr(getattr(getattr(trainer, "model", None), "config", None), "_attn_implementation", None)
     with_attention = f", {attention} attention" if attention else ""
     return (f"{start} on {trainer.device} ({precision_words(trainer)}{with_attention}); run directory "
             f"{trainer.run_dir.path}")
