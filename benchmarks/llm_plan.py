@@ -99,6 +99,7 @@ def trainer_peak(job, config_path: Path, run_dir: Path) -> tuple[int, int]:
     config = config_from_dict({
         "seed": 0, "model": {"name": None, "hf_config": str(config_path), "method": job.method,
                              "trainable_blocks": job.trainable_blocks, "dtype": job.dtype,
+                             "master_weights": "none",  # the plan's bf16 full fine-tuning is pure bf16
                              "gradient_checkpointing": job.gradient_checkpointing},
         "data": {"num_workers": 0},
         "optim": {"name": "adamw", "lr": 1e-4},

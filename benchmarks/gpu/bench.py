@@ -146,7 +146,7 @@ def llama_1b(tmp: Path, dry: bool, device: str) -> dict:
     config_file.write_text(json.dumps(fields))
     length, batch, steps = (32, 2, 3) if dry else (2048, 8, 20)
     raw = train_config(steps, batch, precision(dry), False, device)
-    raw["model"] = {"hf_config": str(config_file), "dtype": "bf16"}
+    raw["model"] = {"hf_config": str(config_file), "dtype": "bf16", "master_weights": "none"}
     raw["telemetry"] = {"enabled": False}
     config = config_from_dict(raw, source="gpu benchmark")
     spec = DataSpec(input_shape=(length,), num_classes=fields["vocab_size"], task="causal_lm", input_dtype=torch.long)

@@ -178,6 +178,7 @@ def test_export_merge_writes_a_plain_model_with_the_adapter_models_logits(straig
     assert refused.returncode == 2 and "--merge" in refused.stderr
     done = invoke(capsys, "export", str(straight.path), "--merge", "--to", str(tmp_path / "merged"))
     assert done.returncode == 0, done.stderr
+    assert "merged in fp32, saved in fp32" in " ".join(done.stdout.split())  # an fp32 base stays fp32
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), local_files_only=True).eval()
     assert not any("lora" in name for name in merged.state_dict())
     tuned = trained_model(straight)

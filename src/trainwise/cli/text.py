@@ -59,12 +59,17 @@ def export_command(
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run made by someone else names."),
     merge: bool = typer.Option(False, "--merge", help="A LoRA run: fold the adapter into the base model and write "
                                "the merged model (the adapter alone is RUN/adapter/, in peft's format)."),
+    merge_in: str = typer.Option("fp32", "--merge-in", help="--merge computes in fp32 (exact) or `base` (the base "
+                                 "weights' dtype; less memory, bf16 rounding)."),
+    dtype: str = typer.Option(None, "--dtype", help="Save the weights in fp32, bf16 or fp16 (default: the base "
+                              "model's dtype; an fp32 base stays fp32)."),
 ) -> None:
     """Write a run's final language model as a Hugging Face directory (config.json, model.safetensors, tokenizer)."""
     from trainwise.evaluate.export import export_run
 
-    result = export_run(run_dir, to, trust_code=trust_code, merge=merge)
-    console.print(f"exported {result['architecture']} to {result['directory']}; tokenizer {result['tokenizer']}",
+    result = export_run(run_dir, to, trust_code=trust_code, merge=merge, merge_in=merge_in, dtype=dtype)
+    console.print(f"exported {result['architecture']} to {result['directory']}; weights {result['weights']}; "
+                  f"tokenizer {result['tokenizer']}",
                   highlight=False, soft_wrap=True)
     console.print(f"Load it with: transformers.AutoModelForCausalLM.from_pretrained({str(to)!r})", highlight=False,
                   soft_wrap=True)

@@ -70,6 +70,12 @@ class ModelConfig(Section):
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="Weight dtype: `fp32` master weights (mixed "
                                            "precision comes from train.precision) or `bf16` (pure bf16 weights "
                                            "and optimizer state: half the memory, less exact updates).")
+    master_weights: Literal["fp32", "none"] = Field("fp32", description="method=full with model.dtype=bf16: "
+                                                    "`fp32` keeps the trained weights in fp32 (master weights) "
+                                                    "and computes under bf16 autocast, so small updates are kept; "
+                                                    "`none` trains the bf16 weights themselves (less memory; "
+                                                    "updates below bf16's resolution are lost, and the run warns "
+                                                    "with the share lost on its first step).")
     loss_chunk_size: int | None = Field(None, gt=0, description="Language models: compute the output layer and "
                                         "cross-entropy this many tokens at a time, so the [tokens x vocabulary] "
                                         "logits never exist at once (None: all at once).")

@@ -65,9 +65,12 @@ def as_hugging_face(model: GPT, eos_id: int | None) -> torch.nn.Module:
     return exported.eval()
 
 
-def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, merge: bool = False) -> dict[str, Any]:
+def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, merge: bool = False,
+               merge_in: str = "fp32", dtype: str | None = None) -> dict[str, Any]:
     """Write the run's final model (and tokenizer) as a Hugging Face directory at `to` (new or empty).
-    `merge`: a LoRA run's adapter folded into its base (peft's merge_and_unload): a plain model, no peft needed."""
+    `merge`: a LoRA run's adapter folded into its base (peft's merge_and_unload): a plain model, no peft needed;
+    the merge computes in `merge_in` (fp32, or `base`: the base's dtype). The weights are saved in `dtype`
+    (fp32/bf16/fp16; None: the base's own dtype)."""
     to = Path(to)
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError(f"--to {to}: exists and is not an empty directory; give a new one (nothing is overwritten).")
@@ -76,13 +79,13 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
     if merge and not hasattr(model, "peft_config"):
         raise ConfigError(f"--merge: {path} has no adapter to merge (model.method={loaded.config.model.method}: its "
                           "weights are whole already); export it without --merge.")
-    if hasattr(model, "peft_config") and merge:
-        model = model.merge_and_unload()
-    elif hasattr(model, "peft_config"):
+    if hasattr(model, "peft_config") and not merge:
         raise ConfigError(f"{path} trained LoRA adapters (model.method={loaded.config.model.method}): export them merged "
                           f"into the base model with `trainwise export {path} --merge --to {to}`.")
+    own = base_dtype(model)
     if isinstance(model, GPT):
         model = as_hugging_face(model, loaded.tokenizer.eos_id)
+    model, precision_note = merged_model(model, merge_in, dtype) if merge else saved_in(model, dtype, own)
     partial = to.with_name(to.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial), safe_serialization=True)
@@ -95,7 +98,44 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
     if to.exists():
         to.rmdir()
     partial.rename(to)
-    return {"directory": str(to), "architecture": type(model).__name__, "tokenizer": tokenizer_note}
+    return {"directory": str(to), "architecture": type(model).__name__, "tokenizer": tokenizer_note,
+            "weights": precision_note}
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_NAMES = {value: key for key, value in _DTYPES.items()}
+
+
+def base_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype most of the model's (base) weights are stored in: what an export keeps unless told otherwise."""
+    sizes: dict[torch.dtype, int] = {}
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            sizes[parameter.dtype] = sizes.get(parameter.dtype, 0) + parameter.numel()
+    return max(sizes, key=sizes.get) if sizes else torch.float32
+
+
+def merged_model(model: Any, merge_in: str = "fp32", dtype: str | None = None) -> tuple[torch.nn.Module, str]:
+    """A peft model's adapters folded into its base, computed in fp32 (`merge_in="base"`: in the base's dtype,
+    as peft does by default), then cast to `dtype` (None: the base's). Returns the model and a note saying which."""
+    if merge_in not in ("fp32", "base"):
+        raise ConfigError(f"--merge-in {merge_in}: use fp32 (exact) or base (the base weights' dtype).")
+    base = base_dtype(model)
+    compute = torch.float32 if merge_in == "fp32" else base
+    merged = model.to(compute).merge_and_unload()
+    saved, note = saved_in(merged, dtype, default=base)
+    return saved, f"merged in {_NAMES.get(compute, str(compute))}, {note}"
+
+
+def saved_in(model: torch.nn.Module, dtype: str | None, default: torch.dtype | None = None
+             ) -> tuple[torch.nn.Module, str]:
+    """`model` cast to `dtype` (None: kept in `default`, or its own dtype) and a note naming what was saved."""
+    if dtype is not None and dtype not in _DTYPES:
+        raise ConfigError(f"--dtype {dtype}: use one of {', '.join(_DTYPES)}.")
+    base = default or base_dtype(model)
+    target = _DTYPES[dtype] if dtype else base
+    why = "as asked (--dtype)" if dtype else "the base model's dtype"
+    return model.to(target), f"saved in {_NAMES.get(target, str(target))} ({why})"
 
 
 def _save_tokenizer(tokenizer: Tokenizer, directory: Path) -> str:

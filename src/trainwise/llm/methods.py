@@ -271,6 +271,25 @@ def apply_model_config(model: "nn.Module", model_config: Any, device: Any = None
     model = apply_method(model, getattr(model_config, "method", "full") or "full",
                          trainable_blocks=getattr(model_config, "trainable_blocks", 2),
                          lora=LoraSettings.from_config(getattr(model_config, "lora", None)), device=device)
+    if holds_master_weights(model_config):
+        keep_fp32_master_weights(model)
     if getattr(model_config, "gradient_checkpointing", False):
         enable_gradient_checkpointing(model)
     return model
+
+
+def holds_master_weights(model_config: Any) -> bool:
+    """Full fine-tuning of bf16 weights keeps fp32 master weights (model.master_weights=fp32, the default)."""
+    return (getattr(model_config, "method", "full") == "full" and getattr(model_config, "dtype", "fp32") == "bf16"
+            and getattr(model_config, "master_weights", "fp32") == "fp32")
+
+
+def keep_fp32_master_weights(model: "nn.Module") -> None:
+    """The trained parameters held in fp32 (the optimizer steps them there: an update smaller than bf16's
+    resolution is kept), while the trainer computes under bf16 autocast. In place, so DDP, FSDP2 and
+    checkpoints see ordinary fp32 parameters."""
+    import torch
+
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype == torch.bfloat16:
+            parameter.data = parameter.data.float()

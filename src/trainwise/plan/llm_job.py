@@ -74,7 +74,8 @@ def lm_job_from_config(config: RunConfig, optimizer: str | None = None) -> tuple
     micro = None if train.micro_batch_size == "auto" else train.micro_batch
     job = LmJob(model=spec, seq_len=seq_len, batch_size=train.batch_size, micro_batch_size=micro,
                 method=model.method, trainable_blocks=model.trainable_blocks,
-                lora=methods.LoraSettings.from_config(model.lora), dtype=model.dtype,
+                lora=methods.LoraSettings.from_config(model.lora),
+                dtype="fp32" if methods.holds_master_weights(model) else model.dtype,  # fp32 master weights
                 precision="bf16" if train.precision in ("auto", "bf16") else train.precision, optimizer=optimizer or ("adamw" if config.optim.name == "adam"
                                                                    else config.optim.name),
                 gradient_checkpointing=model.gradient_checkpointing, loss_chunk_size=model.loss_chunk_size,

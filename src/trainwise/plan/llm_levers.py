@@ -59,7 +59,8 @@ def candidate_levers(job: LmJob) -> list[tuple[str, str, LmJob, bool]]:
     if job.dtype == "fp32" and job.method != "qlora":
         name = ("pure bf16 weights (no fp32 master copy: small updates are lost)" if job.method == "full"
                 else "a bf16 base (the frozen weights in bf16)")
-        out.append((name, "--dtype bf16 / model.dtype=bf16", job.with_changes(dtype="bf16"), False))
+        pure = " model.master_weights=none" if job.method == "full" else ""  # full: bf16 keeps fp32 masters
+        out.append((name, f"--dtype bf16{pure} / model.dtype=bf16{pure}", job.with_changes(dtype="bf16"), False))
     if job.method in ("full", "freeze"):  # a method lever brings the method's usual base: bf16
         out.append((f"LoRA (rank {job.lora.rank}) on a bf16 base", "--method lora / model.method=lora",
                     job.with_changes(method="lora", dtype=base_dtype("lora")), False))

@@ -39,6 +39,7 @@ from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed
                                          resolve_strategy, resume_command, wrap_model)
 from trainwise.train.early_stop import EarlyStopping
 from trainwise.runtime.inference import split_metrics
+from trainwise.train.master_weights import computing_precision, record_lost_updates, watch_lost_updates
 from trainwise.train.health import HealthReading, StepHealth, health_problem
 from trainwise.train.nonfinite import first_nonfinite_in
 from trainwise.runtime.precision import autocast, enable_tf32, resolve_precision
@@ -95,7 +96,7 @@ class Trainer:
         self.ranks = init_distributed(train.dist_timeout_s, sharded=train.strategy in ("ddp", "fsdp"))
         self.strategy = resolve_strategy(train.strategy, self.ranks)
         self.device = resolve_device(train.device, self.ranks.local_rank if self.ranks.enabled else None)
-        self.precision = resolve_precision(train.precision, self.device)
+        self.precision = computing_precision(resolve_precision(train.precision, self.device), self.config.model)
         self.tf32 = enable_tf32(self.device, train.tf32)
         self.model = model.to(self.device)
         self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
@@ -113,6 +114,7 @@ class Trainer:
                                                 precision=self.precision, loss_fn=self.loss_fn, forward=self.forward,
                                                 no_sync=no_sync, augment=self.augment)
         self.optimizer, self.scaler = self.train_step.optimizer, self.train_step.scaler
+        watch_lost_updates(self.optimizer, self.model, config.model, record_lost_updates(self.run_dir))
         self.scheduler = self.train_step.scheduler = build_scheduler(self.optimizer, config.schedule, self.max_steps)
         # runs each step so that running out of memory is recoverable, on every rank alike (recovery.py)
         self.oom_guard = OomGuard(self.train_step, self.state, self.run_dir, self.ranks,
