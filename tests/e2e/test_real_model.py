@@ -51,8 +51,9 @@ def test_fine_tune_a_real_instruct_model_from_its_gguf_file(tmp_path, capsys, mo
 
     run = tmp_path / "runs" / "sft"
     trained = invoke(capsys, "train", "sft-lora", f"model.hf={model}", f"data.path={tmp_path / 'data'}", *LAPTOP,
-                     "--out", str(run))
+                     "--out", str(run), show_warnings=True)
     assert trained.returncode == 0, trained.stderr
+    assert "this run trains only" in trained.stderr  # a short run is said before step 1, with its numbers
     assert "Converting" not in trained.stderr  # the cached directory is reused
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and 8 <= summary["steps"] <= 20

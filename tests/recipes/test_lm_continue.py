@@ -66,8 +66,9 @@ def test_continued_pretraining_lowers_test_perplexity(tmp_path, capsys):
     assert again.returncode == 0, again.stderr
     more = invoke(capsys, "train", "lm-continue", f"model.hf={tmp_path / 'base'}",
                   f"data.path={tmp_path / 'data-base'}", "data.seq_len=64", "train.epochs=3",
-                  "--out", str(tmp_path / "more"))
+                  "--out", str(tmp_path / "more"), show_warnings=True)
     assert more.returncode == 0, more.stderr
+    assert "this run trains only" in more.stderr and "3 epochs of" in more.stderr  # said before step 1
     resolved = (tmp_path / "more" / "config.yaml").read_text()
     assert "lr: 5.0e-05" in resolved and "weight_decay: 0.0" in resolved
     after = _test_perplexity(capsys, tmp_path / "more")
