@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from trainwise.errors import ConfigError
 from trainwise.llm import catalogue
+from trainwise.llm.gguf import model_directory
 from trainwise.llm.optional import require
 
 if TYPE_CHECKING:
@@ -73,8 +74,8 @@ def looks_like_config_spec(spec: str) -> bool:
 
 
 def config_dict(spec: str) -> dict[str, Any]:
-    """The config.json fields `spec` names (catalogue name, config.json path, or model directory)."""
-    path = Path(spec).expanduser()
+    """The config.json fields `spec` names (catalogue name, config.json path, model directory or GGUF file)."""
+    path = model_directory(spec)
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
@@ -169,11 +170,12 @@ def traceable_experts() -> Iterator[None]:
 def load_pretrained(directory: "str | Path", device: "str | torch.device" = "cpu",
                     dtype: "str | torch.dtype" = "float32", attention: tuple[str, ...] = CPU_ATTENTION,
                     **kwargs: Any) -> "nn.Module":
-    """The causal LM saved in the local directory (config.json + *.safetensors); never touches the network.
+    """The causal LM saved in the local directory (config.json + *.safetensors), or a GGUF file's dequantised copy;
+    never touches the network.
 
     `kwargs` go to `from_pretrained` (e.g. `quantization_config` for QLoRA)."""
     transformers = require("transformers", "loading a Hugging Face model")
-    path = Path(directory).expanduser()
+    path = model_directory(directory)
     if not (path / "config.json").is_file():
         named = None if path.exists() else catalogue.canonical_name(str(directory))
         advice = (f" {directory!r} names an architecture in trainwise's catalogue: model.hf_config={directory} "

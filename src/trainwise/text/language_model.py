@@ -86,9 +86,10 @@ def check_tokenizer(model_dir: str, spec: DataSpec) -> None:
     """The prepared tokens must come from the model's own tokenizer: the same fingerprint."""
     if spec.tokenizer_fingerprint is None:
         return
+    from trainwise.llm.gguf import model_directory
     from trainwise.text.tokenizer import ModelTokenizer
 
-    path = Path(model_dir).expanduser()
+    path = model_directory(model_dir)
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return  # a weights-only directory: the vocabulary size check below the load still applies
     fingerprint = ModelTokenizer.from_directory(path).fingerprint

@@ -12,6 +12,7 @@ one message (ConfigError, exit 2) instead of failing inside a step.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from trainwise.errors import ConfigError
 from trainwise.text.tokenizer import KIND_FILE, TOKENIZER_FILES
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "context")  # HF configs, the built-in gpt's
+# Below these an epoch-driven run (sft-lora's shape) ends before an adapter learns much, yet reports `completed`.
+MIN_RUN_STEPS = 50
+MIN_EPOCH_STEPS = 10
 
 
 def check_language_run(bundle: Any, model: Any, kept_tokenizer: Path | None = None) -> list[str]:
@@ -106,3 +110,17 @@ def cut_sample_warnings(train: Any, seq_len: int) -> list[str]:
             f"({int(instruct['seq_len']):,}): {cut:,} of {len(lengths):,} training samples are longer and will be "
             f"cut, so their answers train without (all of) their prompt. Set data.seq_len={int(lengths.max())} "
             f"or prepare again with --seq-len {seq_len}."]
+
+
+def short_run_warning(sequences: int, batch_size: int, epochs: float, seq_len: int) -> str | None:
+    """An epoch-driven run of < MIN_RUN_STEPS optimizer steps, or epochs of < MIN_EPOCH_STEPS: the numbers and
+    the levers. `sequences`: the training split's packed sequences (one epoch's samples)."""
+    per_epoch = sequences // max(batch_size, 1)
+    total = math.ceil(epochs * per_epoch)
+    if total >= MIN_RUN_STEPS and per_epoch >= MIN_EPOCH_STEPS:
+        return None
+    return (f"this run trains only {total} optimizer steps: {epochs:g} epochs of {per_epoch} steps ({sequences:,} "
+            f"packed sequences of {seq_len:,} tokens per epoch at train.batch_size={batch_size}); fewer than "
+            f"{MIN_RUN_STEPS} steps, or epochs of fewer than {MIN_EPOCH_STEPS}, rarely teach a model the task. "
+            "More steps: a smaller data.seq_len (prepare suggests one; fewer samples share a pack), a smaller "
+            "train.batch_size, or more train.epochs.")

@@ -174,7 +174,9 @@ class ModelTokenizer(Tokenizer):
 
     @classmethod
     def from_directory(cls, path: str | Path) -> "ModelTokenizer":
-        path = Path(path)
+        from trainwise.llm.gguf import model_directory  # a GGUF file's converted copy; a directory as it is
+
+        path = model_directory(path)
         if not path.is_dir():
             raise ConfigError(f"{path}: not a directory; give a local model directory holding its tokenizer "
                               "(tokenizer.json or tokenizer_config.json).")
