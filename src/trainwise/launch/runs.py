@@ -13,7 +13,7 @@ import yaml
 from trainwise.config import RunConfig
 from trainwise.config.diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
-from trainwise.errors import RunDirError, RunDirWarning, TrainwiseWarning
+from trainwise.errors import RunDirError, RunDirWarning
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_files import read_checkpoint_header, resume_checkpoint
@@ -53,14 +53,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
         from trainwise.train.language_model import KeepTokenizer, check_text_run
 
-        check_text_run(bundle, model, run.tokenizer_dir() if resuming else None)
-        if not resuming and config.train.max_steps is None:  # an epoch-driven run (sft-lora): long enough?
-            from trainwise.text.run_checks import short_run_warning
-
-            short = short_run_warning(len(bundle.train), config.train.batch_size, config.train.epochs,
-                                      int(bundle.spec.input_shape[0]))
-            if short:
-                warnings.warn(short, TrainwiseWarning, stacklevel=2)
+        check_text_run(bundle, model, run.tokenizer_dir() if resuming else None, None if resuming else config)
         said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
     trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, *said],
                       data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from torch import nn
 
 from trainwise.errors import TrainwiseWarning
-from trainwise.text.run_checks import check_language_run
+from trainwise.text.run_checks import check_language_run, short_run_warning
 from trainwise.text.tokenizer import record_sequence_length
 from trainwise.train.callbacks import Callback
 from trainwise.data.batch import MicroBatch, is_token_batch, real_tokens
@@ -132,9 +132,15 @@ class KeepTokenizer(Callback):
         partial.rename(target)
 
 
-def check_text_run(bundle, model: nn.Module, kept_tokenizer: Path | None) -> None:
+def check_text_run(bundle, model: nn.Module, kept_tokenizer: Path | None, starting=None) -> None:
     """Before step 1 and before anything is written: text/run_checks.py refuses a run whose data, model and
-    kept tokenizer (`kept_tokenizer`: RUN/tokenizer of a run being resumed) disagree; its warnings are said."""
-    for warning in check_language_run(bundle, model, kept_tokenizer if kept_tokenizer and kept_tokenizer.is_dir()
-                                      else None):
-        warnings.warn(warning, TrainwiseWarning, stacklevel=2)
+    kept tokenizer (`kept_tokenizer`: RUN/tokenizer of a run being resumed) disagree; its warnings are said.
+    `starting`: the RunConfig of a run that starts (not resumes): an epoch-driven one (sft-lora) too short to
+    learn is said with its numbers."""
+    said = check_language_run(bundle, model, kept_tokenizer if kept_tokenizer and kept_tokenizer.is_dir() else None)
+    if starting is not None and starting.train.max_steps is None:
+        said = [*said, short_run_warning(len(bundle.train), starting.train.batch_size, starting.train.epochs,
+                                         int(bundle.spec.input_shape[0]))]
+    for warning in said:
+        if warning:
+            warnings.warn(warning, TrainwiseWarning, stacklevel=2)

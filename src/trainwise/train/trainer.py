@@ -1,11 +1,6 @@
-"""The training loop.
-
-`Trainer(model, train_data, val_data, config=...).fit()` trains a plain nn.Module on plain Datasets.
-
-The batch contract: a dataset yields `(inputs, targets)`; `model(inputs)` returns outputs; the loss is
-`loss_fn(outputs, targets)` — cross-entropy (with label smoothing) for classification, MSE for regression,
-or any callable you pass. `train.batch_size` samples make one optimizer step, fed as
-`batch_size / micro_batch_size` micro-batches whose gradients are accumulated.
+"""The training loop: `Trainer(model, train_data, val_data, config=...).fit()` trains a plain nn.Module on plain
+Datasets. The batch contract (what a dataset yields, what the model and the loss receive) is data/batch.py's;
+`train.batch_size` samples make one optimizer step, fed as `batch_size / micro_batch_size` micro-batches.
 
 The loop never waits for the device between log steps: each step's loss, gradient norm and skip flag stay
 device tensors (train/step.py, train/health.py) and are read at log steps, evaluations and checkpoints —
@@ -100,7 +95,8 @@ class Trainer:
         self.tf32 = enable_tf32(self.device, train.tf32)
         self.model = model.to(self.device)
         self.forward, no_sync = wrap_model(self.model, self.strategy, device=self.device, precision=self.precision,
-                                           cpu_offload=train.fsdp_cpu_offload, loss_chunk=self.config.model.loss_chunk_size)
+                                           cpu_offload=train.fsdp_cpu_offload,
+                                           loss_chunk=self.config.model.loss_chunk_size)
         if self.config.model.compile:
             self.forward = torch.compile(self.forward)
         return no_sync
