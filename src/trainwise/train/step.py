@@ -170,6 +170,11 @@ class TrainStep:
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
         self.loss_chunk_size = loss_chunk_size  # token batches: model.loss_chunk_size
         self.loss_model = training_module(model, loss_chunk_size)  # the unwrapped forward (local steps)
+        # a step trains: every module in training mode (dropout, recomputation) whatever mode the model was
+        # built in. transformers' from_pretrained returns it in eval mode and peft's wrapper in training mode, so
+        # without this the blocks ran without their checkpointing until a validation pass, which restores the
+        # wrapper's mode to every module, switched it on mid-run (every later step 40-50% slower)
+        self.loss_model.train()
         self.forward = forward if forward is not None else self.loss_model
         self.varlen = uses_varlen_attention(model)
         self.host_documents = takes_document_lengths(model, device)

@@ -1,9 +1,11 @@
 """Where step time goes: waiting for data vs computing. The device is synchronised only when a log line
-is written, so measuring costs nothing between log lines."""
+is written, so measuring costs nothing between log lines. Validation and checkpoints are not step time: the
+loop runs them `paused()`, so the log interval after a validation pass reports the steps' own rate."""
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
@@ -39,6 +41,15 @@ class StepTimer:
                 return
             self.data_wait += time.perf_counter() - start
             yield item
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside out of the current interval (a validation pass, a checkpoint)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.interval_start += time.perf_counter() - start
 
     def step_done(self, loss: torch.Tensor, samples: int, micro_batches: Sequence[MicroBatch] = ()) -> None:
         self.steps += 1

@@ -213,10 +213,11 @@ class Trainer:
                 self._log_train(reduce_log_record(timing, self.device) if self.ranks.enabled else timing)
             if end_of_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            if eval_due:
-                self.evaluate_and_checkpoint()
-            elif checkpoint_due:
-                self._save_checkpoint()
+            with timer.paused():  # not step time: the next log line reports the steps' own rate
+                if eval_due:
+                    self.evaluate_and_checkpoint()
+                elif checkpoint_due:
+                    self._save_checkpoint()
             if self.early_stopping.should_stop:
                 self.request_stop("early_stop")
         if self._settled_step != self.step:  # stopped by a signal between settle points
