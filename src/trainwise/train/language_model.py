@@ -5,7 +5,9 @@ MFU = tokens/s × training FLOPs per token / the card's dense peak for the run's
 are 6N + 12·L·H·Q·T (PaLM, appendix B): 6 per weight of the matrix products (forward 2, backward 4) and
 the attention scores and values over a context of T. A frozen weight (a LoRA or freeze run's base) costs 4:
 its backward still carries the gradient to the layers below (2) but computes none for itself, so counting
-it at 6 would overstate an adapter run's MFU by up to half. Recomputation under activation checkpointing is
+it at 6 would overstate an adapter run's MFU by up to half. Below the lowest block that trains (`method:
+freeze`'s frozen blocks, unless a trained input embedding pulls the gradient to the bottom) no backward runs
+at all: those weights cost 2 and their attention 4·H·Q·T. Recomputation under activation checkpointing is
 not counted (that would be hardware FLOPs, not model FLOPs). The peak comes from the GPU catalogue, which the
 engine does not import: the CLI hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
 the progress line says so instead of printing a number).
@@ -36,22 +38,59 @@ def tokens_in(micro_batches: Sequence[MicroBatch]) -> tuple[int, int]:
     return real_tokens(micro_batches), int(micro_batches[0]["input_ids"].shape[-1])  # type: ignore[index]
 
 
-def matmul_parameters(model: nn.Module) -> tuple[int, int]:
-    """(trained, frozen) weights that take part in matrix products: every parameter but lookup tables (an
-    embedding's rows are gathered, not multiplied), counting a table tied to the output head once, as the head."""
+def matmul_parameters(model: nn.Module) -> tuple[int, int, int]:
+    """(trained, frozen with a backward, frozen forward-only) weights that take part in matrix products: every
+    parameter but lookup tables (an embedding's rows are gathered, not multiplied), counting a table tied to the
+    output head once, as the head. Forward-only: frozen, in a block below every block that trains."""
+    block_of = _block_index(model)
+    lowest = lowest_trained_block(model, block_of)
     seen: set[int] = set()
-    trained = frozen = 0
+    trained = frozen = forward_only = 0
     for module in model.modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
             continue
         for parameter in module.parameters(recurse=False):
-            if id(parameter) not in seen:
-                seen.add(id(parameter))
-                if parameter.requires_grad:
-                    trained += parameter.numel()
-                else:
-                    frozen += parameter.numel()
-    return trained, frozen
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if parameter.requires_grad:
+                trained += parameter.numel()
+            elif block_of.get(id(parameter), lowest) < lowest:
+                forward_only += parameter.numel()
+            else:
+                frozen += parameter.numel()
+    return trained, frozen, forward_only
+
+
+def _block_index(model: nn.Module) -> dict[int, int]:
+    """Each parameter of the model's transformer blocks (llm/methods.py transformer_blocks) -> its block's
+    index; empty for a model without a stack of blocks."""
+    from trainwise.errors import ConfigError
+    from trainwise.llm.methods import transformer_blocks
+
+    try:
+        blocks = transformer_blocks(model)
+    except ConfigError:
+        return {}
+    return {id(p): index for index, block in enumerate(blocks) for p in block.parameters()}
+
+
+def lowest_trained_block(model: nn.Module, block_of: dict[int, int] | None = None) -> int:
+    """The index of the lowest block that trains, which the gradient must reach: 0 when anything before the
+    blocks trains (a trained input embedding needs the gradient at the bottom), the block count when only what
+    follows them trains (the head), 0 for a model without a stack of blocks (every frozen weight backward).
+    `block_of`: _block_index(model), when the caller has it."""
+    block_of = _block_index(model) if block_of is None else block_of
+    if not block_of:
+        return 0
+    blocks = max(block_of.values()) + 1
+    lowest, in_blocks_yet = blocks, False
+    for parameter in model.parameters():  # registration order: embeddings, blocks bottom up, norm, head
+        index = block_of.get(id(parameter))
+        in_blocks_yet = in_blocks_yet or index is not None
+        if parameter.requires_grad:
+            lowest = min(lowest, index if index is not None else (blocks if in_blocks_yet else 0))
+    return lowest
 
 
 def attention_shape(config: object) -> tuple[int, int, int] | None:
@@ -68,12 +107,17 @@ def attention_shape(config: object) -> tuple[int, int, int] | None:
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """6 per trained and 4 per frozen matrix weight, plus 12·L·H·Q·T for attention where the model has a
-    transformer config (Hugging Face, the built-in gpt); weights only otherwise."""
-    trained, frozen = matmul_parameters(model)
+    """6 per trained and 4 per frozen matrix weight, 2 per frozen weight below every block that trains; plus
+    attention where the model has a transformer config (Hugging Face, the built-in gpt): 12·H·Q·T a layer, 4·H·Q·T
+    (forward only) a layer below every block that trains. Weights only otherwise."""
+    trained, frozen, forward_only = matmul_parameters(model)
     shape = attention_shape(getattr(model, "config", None))
-    attention = 12.0 * shape[0] * shape[1] * shape[2] * seq_len if shape else 0.0
-    return 6.0 * trained + 4.0 * frozen + attention
+    attention = 0.0
+    if shape:
+        layers, heads, head_dim = shape
+        below = min(lowest_trained_block(model), layers)
+        attention = (12.0 * (layers - below) + 4.0 * below) * heads * head_dim * seq_len
+    return 6.0 * trained + 4.0 * frozen + 2.0 * forward_only + attention
 
 
 def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -> dict[str, float]:
