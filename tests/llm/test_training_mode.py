@@ -1,11 +1,17 @@
 """A model loaded with from_pretrained (transformers returns it in eval mode) trains in training mode from its
 first step, and validation leaves it so. Before, peft's wrapper was in training mode but the blocks inside it
 were not: they ran without gradient checkpointing (and dropout) until the first validation pass restored the
-wrapper's mode to every module, and every later step ran 40-50% slower (benchmarks/after_validation.py)."""
+wrapper's mode to every module, and every later step ran 40-50% slower (benchmarks/after_validation.py).
+The same run records the attention implementation it chose, in config.yaml and in its `started` event."""
 from __future__ import annotations
 
-import torch
+import json
 
+import pytest
+import torch
+import yaml
+
+from tests.llm.conftest import tiny_model
 from trainwise.config import config_from_dict
 from trainwise.data.batch import IGNORE_INDEX
 from trainwise.data.bundle import DataSpec
@@ -46,9 +52,12 @@ class TrainingForwards(Callback):
         self.step = trainer.step + 1
 
 
-def test_a_pretrained_lora_model_trains_with_checkpointing_before_and_after_validation(make_tiny, tmp_path):
-    make_tiny("llama").save_pretrained(tmp_path / "base")
-    model = hf.load_pretrained(tmp_path / "base")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny Llama saved and loaded back with from_pretrained, LoRA + checkpointing, 4 steps validated at 2."""
+    folder = tmp_path_factory.mktemp("pretrained")
+    tiny_model("llama").save_pretrained(folder / "base")
+    model = hf.load_pretrained(folder / "base")
     assert not model.training  # what transformers hands over
     config = config_from_dict({
         "seed": 0, "model": {"name": None, "method": "lora", "gradient_checkpointing": True},
@@ -59,10 +68,24 @@ def test_a_pretrained_lora_model_trains_with_checkpointing_before_and_after_vali
     model = apply_model_config(model, config.model)
     forwards = TrainingForwards([m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"])
     spec = DataSpec(input_shape=(SEQ,), num_classes=512, task="causal_lm", input_dtype=torch.long)
-    trainer = Trainer(model, token_rows(16, 512), token_rows(4, 512), config=config, data_spec=spec,
-                      run_dir=RunDir.create(tmp_path / "run"), callbacks=[forwards])
-    trainer.fit()
+    run = RunDir.create(folder / "run")
+    Trainer(model, token_rows(16, 512), token_rows(4, 512), config=config, data_spec=spec, run_dir=run,
+            callbacks=[forwards]).fit()
+    return forwards, run.path
+
+
+def test_a_pretrained_lora_model_trains_with_checkpointing_before_and_after_validation(trained):
+    forwards, _ = trained
     assert forwards.by_step == {step: {True} for step in range(1, 5)}  # steps 3-4 follow the validation at 2
+
+
+def test_the_chosen_attention_is_recorded_in_config_yaml_and_the_started_event(trained):
+    _, run = trained
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["attention"] == "sdpa"  # the CPU's choice
+    started = next(e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+                   if e["kind"] == "started")
+    assert started["evidence"]["attention"] == "sdpa"
+    assert hf.attention_choices("cuda", "eager") == ("eager",)  # a recorded choice is what a resume builds
 
 
 def test_the_log_interval_after_a_validation_pass_leaves_its_time_out(monkeypatch):

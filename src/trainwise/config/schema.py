@@ -83,6 +83,10 @@ class ModelConfig(Section):
                                          "(built-in models: torch.utils.checkpoint, use_reentrant=False; Hugging "
                                          "Face models: gradient_checkpointing_enable()).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    attention: Literal["auto", "flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
+        "auto", description="Hugging Face models: the attention implementation. `auto` takes the best this machine "
+        "runs (CUDA: FlashAttention-3/2 where installed, else FlexAttention, else SDPA; CPU: SDPA, or eager for "
+        "families without it); the run records the one it chose here, so a resume runs the same.")
 
     @model_validator(mode="after")
     def _one_language_model_source(self) -> "ModelConfig":

@@ -37,8 +37,11 @@ CPU_ATTENTION = ("sdpa", "eager")
 CUDA_ATTENTION = ("flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager")
 
 
-def attention_choices(device_type: str) -> tuple[str, ...]:
-    """The attention implementations to try on `device_type`, best first, those not installed left out."""
+def attention_choices(device_type: str, wanted: str = "auto") -> tuple[str, ...]:
+    """The attention implementations to try on `device_type`, best first, those not installed left out;
+    only `wanted` when one is named (model.attention; a run records its choice there)."""
+    if wanted != "auto":
+        return (wanted,)
     if device_type != "cuda":
         return CPU_ATTENTION
     from transformers.utils import import_utils

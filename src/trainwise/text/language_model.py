@@ -38,7 +38,8 @@ def build_language_model(model_config: Any, spec: DataSpec, seed: int = 0) -> nn
     if spec.num_classes is None or spec.task != "causal_lm":
         raise ConfigError("model.hf / model.hf_config train on text: prepare it with `trainwise prepare CORPUS "
                           "--to DIR` (with --tokenizer MODEL_DIR for model.hf) and set data.path=DIR.")
-    attention = attention_choices("cuda" if torch.cuda.is_available() else "cpu")
+    attention = attention_choices("cuda" if torch.cuda.is_available() else "cpu",
+                                  getattr(model_config, "attention", "auto"))
     if model_config.hf:
         check_tokenizer(model_config.hf, spec)
         model = load_pretrained(model_config.hf, dtype=_dtype(model_config), attention=attention)

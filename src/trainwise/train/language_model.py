@@ -142,6 +142,17 @@ class TokenFigures:
         return token_figures(tokens_per_s, self._flops[seq_len], self.peak_flops)
 
 
+def record_attention(config, model: nn.Module) -> str | None:
+    """The attention implementation a Hugging Face model runs, written into the run's config (model.attention,
+    so config.yaml says it and a resume builds the same); None for other models."""
+    from trainwise.llm.hf import CUDA_ATTENTION, attention_of
+
+    attention = attention_of(model)
+    if attention in CUDA_ATTENTION:
+        config.model.attention = attention
+    return attention
+
+
 class PeakFlops(Callback):
     """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by the
     CLI."""

@@ -46,7 +46,7 @@ from trainwise.train.signals import GracefulStop
 from trainwise.train.state import TrainState
 from trainwise.train.step import LossFn, MicroBatch, StepOutcome, TrainStep, default_loss
 from trainwise.train.summary import RunFacts, RunSummary, early_stop_message, stopped_message
-from trainwise.train.language_model import TokenFigures
+from trainwise.train.language_model import TokenFigures, record_attention
 from trainwise.train.timing import StepTimer
 
 
@@ -286,11 +286,12 @@ class Trainer:
         self.callbacks.on_checkpoint(self, path)
 
     def _start(self) -> None:
+        attention = record_attention(self.config, self.model)  # a Hugging Face model's, in config.yaml too
         self.run_dir.write_config(self.config)
+        facts = {"device": str(self.device), "tf32": self.tf32, "precision": self.precision, "strategy": self.strategy,
+                 "accumulation_steps": self.accumulation_steps, "ranks": self.ranks.world_size, "attention": attention}
         self.run_dir.log_event("started", f"training {self.max_steps} steps on {self.device} in {self.precision}",
-                               step=0, evidence={"device": str(self.device), "tf32": self.tf32, "precision":
-                                                 self.precision, "accumulation_steps": self.accumulation_steps,
-                                                 "strategy": self.strategy, "ranks": self.ranks.world_size})
+                               step=0, evidence=facts)
 
     def _resume(self) -> None:
         choice = self.checkpointer.choose()  # `last`, or the newest intact step; the same on every rank
