@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"  # this checkout's trainwise, whether or not one is installed on the GPU server
+sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 from common import machine, write_result  # noqa: E402
@@ -189,7 +191,8 @@ def smoke(tmp: Path, dry: bool) -> dict:
                    "-m", "trainwise", "train", "digits", "--out", str(out), *(["train.max_steps=5", "schedule.warmup_steps=1"] if dry else ["train.max_steps=40"]),
                    f"train.strategy={strategy}", "telemetry.enabled=false"] + (["train.device=cpu"] if dry else [])
         done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))})
         results[strategy] = {"exit_code": done.returncode,
                              "tail": done.stderr.strip().splitlines()[-3:] if done.returncode else []}
     return results
