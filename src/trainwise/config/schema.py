@@ -85,8 +85,9 @@ class ModelConfig(Section):
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
     attention: Literal["auto", "flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
         "auto", description="Hugging Face models: the attention implementation. `auto` takes the best this machine "
-        "runs (CUDA: FlashAttention-3/2 where installed, else FlexAttention, else SDPA; CPU: SDPA, or eager for "
-        "families without it); the run records the one it chose here, so a resume runs the same.")
+        "runs: on CUDA `flash_attention_3` or `flash_attention_2` where installed, else `flex_attention`, else "
+        "`sdpa`; on the CPU `sdpa`, or `eager` for families without it. The run records the one it chose here, so "
+        "a resume runs the same.")
 
     @model_validator(mode="after")
     def _one_language_model_source(self) -> "ModelConfig":
