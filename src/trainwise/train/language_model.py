@@ -7,7 +7,7 @@ the attention scores and values over a context of T. A frozen weight (a LoRA or 
 its backward still carries the gradient to the layers below (2) but computes none for itself, so counting
 it at 6 would overstate an adapter run's MFU by up to half. Recomputation under activation checkpointing is
 not counted (that would be hardware FLOPs, not model FLOPs). The peak comes from the GPU catalogue, which the
-engine does not import: the CLI hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
+engine does not import: launch/ hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
 the progress line says so instead of printing a number).
 """
 from __future__ import annotations
@@ -99,8 +99,8 @@ class TokenFigures:
 
 
 class PeakFlops(Callback):
-    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by the
-    CLI."""
+    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by
+    launch/ in the planner's catalogue."""
 
     def __init__(self, lookup: PeakLookup):
         self.lookup = lookup
