@@ -127,3 +127,14 @@ def test_on_several_cards_the_planner_decides_the_strategy(monkeypatch):
     assert resolved.config.train.strategy == "fsdp" and resolved.config.train.precision == "bf16"
     assert asked == [("NVIDIA H100 80GB HBM3", 80 * 2**30, 4)]
     assert "a replica does not fit one card" in resolved.event()["message"]
+
+
+def test_the_planner_plans_an_unset_length_as_the_run_trains_it(prepared_text):
+    from trainwise.plan.llm_job import lm_job_from_config
+
+    data, suggested = prepared_text
+    config = tiny_config(model={"name": None, "hf_config": "gpt2", "args": {}},
+                         data={"name": "prepared", "path": str(data), "seq_len": None})
+    job, notes = lm_job_from_config(config)
+    assert job.seq_len == suggested and not any("not set" in note for note in notes)
+    assert job.precision == "bf16"  # `auto` on the bf16 cards plans are made for: the runtime's one rule

@@ -24,7 +24,6 @@ the memory free on each card, is agreed by all of them taking the smallest choic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.config.derived import text_sequence_length
 from trainwise.data.bundle import DataBundle
-from trainwise.data.shards import MANIFEST, read_manifest
+from trainwise.data.prepared import prepared_text_manifest
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision
 from trainwise.train.distributed import Ranks, launched_ranks, resolve_strategy
@@ -102,11 +101,8 @@ def with_setting(config: RunConfig, key: str, value: Any) -> RunConfig:
 
 
 def _sequence_length(config: RunConfig, ranks: Ranks, device: torch.device) -> Choice | None:
-    data = config.data
-    if data.seq_len is not None or not data.path or data.factory or not (Path(data.path) / MANIFEST).is_file():
-        return None  # not a prepared dataset: building the data says what is wrong with it
-    manifest = read_manifest(data.path)
-    if manifest.get("kind") != "text":
+    manifest = prepared_text_manifest(config.data) if config.data.seq_len is None else None
+    if manifest is None:
         return None
     why = ("the longest sample `trainwise prepare` kept" if manifest.get("instruct")
            else "the length `trainwise prepare` suggested for the corpus")
