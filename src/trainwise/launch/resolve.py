@@ -112,9 +112,9 @@ def _sequence_length(config: RunConfig, ranks: Ranks, device: torch.device) -> C
 def _precision(config: RunConfig, ranks: Ranks, device: torch.device) -> Choice | None:
     if config.train.precision != "auto":
         return None
-    precision = computing_precision(resolve_precision("auto", device), config.model)
-    why = f"auto on {device.type}" + (", fp32 master weights compute in bf16"
-                                      if precision != resolve_precision("auto", device) else "")
+    device_precision = resolve_precision("auto", device)
+    precision = computing_precision(device_precision, config.model)
+    why = f"auto on {device.type}" + (", fp32 master weights compute in bf16" if precision != device_precision else "")
     return Choice("train.precision", precision, why)
 
 

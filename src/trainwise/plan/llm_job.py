@@ -80,8 +80,8 @@ def lm_job_from_config(config: RunConfig, optimizer: str | None = None) -> tuple
                 method=model.method, trainable_blocks=model.trainable_blocks,
                 lora=methods.LoraSettings.from_config(model.lora),
                 dtype="fp32" if methods.holds_master_weights(model) else model.dtype,  # fp32 master weights
-                precision=choose_precision(train.precision, "cuda", bf16_native=True), optimizer=optimizer or ("adamw" if config.optim.name == "adam"
-                                                                   else config.optim.name),
+                precision=choose_precision(train.precision, "cuda", bf16_native=True),  # auto: what bf16 cards run
+                optimizer=optimizer or ("adamw" if config.optim.name == "adam" else config.optim.name),
                 gradient_checkpointing=model.gradient_checkpointing, loss_chunk_size=model.loss_chunk_size,
                 grad_clip_norm=train.grad_clip_norm)
     check_job(job)
