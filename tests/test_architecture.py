@@ -38,7 +38,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "plan": _F | {"train", "runtime", "data", "recipes", "llm"},
     "doctor": _F | {"data", "telemetry"},
     "evaluate": _F | {"runtime", "data", "recipes", "recsys", "diagnose", "text", "llm"},
-    "launch": _F | {"check", "train", "runtime", "data", "recipes"},
+    "launch": _F | {"check", "plan", "train", "runtime", "data", "recipes"},
     "cli": _F | {"data", "runtime", "telemetry", "recsys", "diagnose", "recipes", "train", "check", "plan",
                  "doctor", "evaluate", "launch", "text", "llm"},
     "__main__": frozenset({"cli"}),

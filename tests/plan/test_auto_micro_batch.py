@@ -35,7 +35,7 @@ def test_choose_takes_the_largest_divisor_that_fits():
 
 
 def test_auto_on_the_cpu_fits_host_ram_and_trains_end_to_end(tmp_path):
-    run = train_run(_auto_config(), tmp_path / "run", resolve_micro_batch=resolve_micro_batch)
+    run = train_run(_auto_config(), tmp_path / "run")
     summary = run.read_summary()
     assert summary["status"] == "completed" and summary["steps"] == 6
     recorded = yaml.safe_load(run.config_path.read_text())["train"]["micro_batch_size"]
@@ -64,7 +64,7 @@ def test_little_free_memory_picks_a_smaller_micro_batch(tmp_path, monkeypatch):
     total = 10 * peak[32]
     margin = int(auto_micro_batch.SAFETY_MARGIN * total)
     monkeypatch.setattr(auto_micro_batch, "free_memory_bytes", lambda device: (margin + peak[8] + 1, total))
-    run = train_run(config, tmp_path / "run", resolve_micro_batch=resolve_micro_batch)
+    run = train_run(config, tmp_path / "run")
     [event] = [e for e in run.read_events() if e["kind"] == EVENT_KIND]
     evidence = event["evidence"]
     assert evidence["micro_batch_size"] == 8 and evidence["free_bytes"] == margin + peak[8] + 1
@@ -86,8 +86,11 @@ def test_nothing_fits_starts_at_one_with_a_warning(monkeypatch):
 
 
 def test_auto_without_the_planner_says_how_to_get_it(tmp_path):
-    with pytest.raises(ConfigError, match="resolve_micro_batch"):
-        train_run(_auto_config(), tmp_path / "run")
+    """The engine built directly (not through launch/'s resolve step) cannot plan: it says who does."""
+    from trainwise.launch.runs import build_trainer
+
+    with pytest.raises(ConfigError, match="train_run"):
+        build_trainer(_auto_config(), RunDir(tmp_path / "run"))
     assert not (tmp_path / "run" / "config.yaml").exists()
 
 
@@ -118,11 +121,10 @@ def _step():
 AUTO_UNDER_TORCHRUN = """
 import sys
 from tests.plan.test_auto_micro_batch import _auto_config
-from trainwise.plan.auto_micro_batch import resolve_micro_batch
 from trainwise.launch.runs import train_run
 config = _auto_config()
 config = config.model_copy(update={"train": config.train.model_copy(update={"strategy": "ddp"})})
-train_run(config, sys.argv[1], resolve_micro_batch=resolve_micro_batch)
+train_run(config, sys.argv[1])
 """
 
 

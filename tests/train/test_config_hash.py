@@ -10,6 +10,7 @@ from trainwise.config.diff import config_hash, diff_configs, is_safe_to_change
 from trainwise.errors import ConfigError
 from trainwise.rundir.layout import RunDir
 from trainwise.train.checkpoint import read_checkpoint
+from trainwise.launch.resolve import resolve_run
 from trainwise.launch.runs import resume_run, train_run
 
 
@@ -19,7 +20,7 @@ def stopped_run(tmp_path):
     config = tiny_config(train={"sanity": False})
     run = train_run(config, tmp_path / "run", callbacks=[stop_at(10)])
     assert run.read_summary()["status"] == "stopped"
-    return run, config
+    return run, resolve_run(config).config  # what it trained with: its `auto` settings decided (launch/resolve.py)
 
 
 def _edit_config(run: RunDir, **changes: object) -> None:
@@ -153,7 +154,7 @@ def test_a_sharded_checkpoint_records_its_config_and_resume_compares_it(tmp_path
     config = tiny_config(train={"sanity": False, "strategy": "fsdp"})
     run = train_run(config, tmp_path / "run", callbacks=[stop_at(10)])
     state = read_checkpoint(run.checkpoint_dirs.state_path(run.checkpoint_dirs.pointer("last")))
-    assert state["config_hash"] == config_hash(config)
+    assert state["config_hash"] == config_hash(resolve_run(config).config)
     _edit_config(run, train__batch_size=16)
     with pytest.raises(ConfigError, match=r"train\.batch_size: 32 → 16"):
         resume_run(run.path)

@@ -149,7 +149,7 @@ def train(
                                    "aside, then deleted); anything else is refused."),
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N", help="Ranks (GPUs) per node, "
                                         "started by PyTorch's launcher (torchrun); with train.strategy=auto the "
-                                        "planner picks the strategy."),
+                                        "planner picks the strategy on each rank."),
     nnodes: int = typer.Option(1, "--nnodes", min=1, metavar="N", help="Machines in the job; more than one "
                                "needs --rdzv-endpoint."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, metavar="I",
@@ -161,7 +161,6 @@ def train(
 
     Exit codes: 0 completed; 75 stopped by SIGTERM, SIGUSR1 or Ctrl-C with a checkpoint written (continue
     with `trainwise resume`); 130 aborted by a second Ctrl-C; 2 bad input; 1 a failure."""
-    from trainwise.plan.auto_micro_batch import resolve_micro_batch
     from trainwise.recipes import load_recipe
     from trainwise.launch.runs import train_run
 
@@ -175,35 +174,11 @@ def train(
         plan = Launch(nproc, nnodes, node_rank, rdzv_endpoint, run_id=out.name)
         plan.check()
         check_before_launch(config, plan.ranks, out, overwrite=overwrite, recipe_file=recipe_file)  # said once
-        extra = _planned_strategy(config, plan.ranks)
-        command = ["train", recipe, *(overrides or []), *extra, "--out", str(out)] + (["--overwrite"] if overwrite else [])
+        command = ["train", recipe, *(overrides or []), "--out", str(out)] + (["--overwrite"] if overwrite else [])
         raise typer.Exit(launch(command, plan, out))
     with _run_dir_os_errors(out), _exit_code_of_the_run(out):
-        run = train_run(config, out, overwrite=overwrite, resolve_micro_batch=resolve_micro_batch,
-                        recipe_file=recipe_file, callbacks=[_peak_flops()])
+        run = train_run(config, out, overwrite=overwrite, recipe_file=recipe_file)
     _finish(run.read_summary(), run.path)
-
-
-def _peak_flops():
-    """The card's catalogue peak for the run's MFU (the engine does not import the planner)."""
-    from trainwise.plan.planner import device_peak_flops
-    from trainwise.train.language_model import PeakFlops
-
-    return PeakFlops(device_peak_flops)
-
-
-def _planned_strategy(config, ranks: int) -> list[str]:
-    """`train.strategy: auto` on CUDA cards: the planner's choice for this card, said and passed on."""
-    import torch
-
-    if getattr(config.train, "strategy", "auto") != "auto" or ranks <= 1 or not torch.cuda.is_available():
-        return []
-    from trainwise.plan.strategy import strategy_for
-
-    props = torch.cuda.get_device_properties(0)
-    strategy, why = strategy_for(config, props.name, int(props.total_memory), ranks)
-    console.print(f"train.strategy=auto -> {strategy}: {why}")
-    return [f"train.strategy={strategy}"]
 
 
 @app.command()
@@ -241,7 +216,7 @@ def resume(run_dir: Path = typer.Argument(..., help="A run directory written by 
             ["--allow-config-change"] if allow_config_change else [])
         raise typer.Exit(launch(command, plan, run_dir))
     with _exit_code_of_the_run(run_dir):
-        run = resume_run(run_dir, [_peak_flops()], trust_code=trust_code, allow_config_change=allow_config_change)
+        run = resume_run(run_dir, trust_code=trust_code, allow_config_change=allow_config_change)
     _finish(run.read_summary(), run.path)
 
 

@@ -1,9 +1,11 @@
 """Numbers derived from a config, each decided here once: which way a metric improves, how a warmup fraction
-becomes steps, how many micro-batches make an optimizer step. Everyone else (the engine, the planner, the
-rules, the report) asks these functions."""
+becomes steps, how many micro-batches make an optimizer step, which micro-batches are legal, what an unset
+`data.seq_len` trains at. Everyone else (the engine, the planner, the rules, the report, the resolve step in
+launch/) asks these functions."""
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
 
 
 class Warmup(Protocol):
@@ -40,3 +42,31 @@ def accumulation_steps(batch_size: int, micro_batch_size: int, world_size: int =
     """Micro-batches each rank accumulates per optimizer step: the effective batch over every rank's
     micro-batch (the config's validators make it divide evenly)."""
     return batch_size // (micro_batch_size * world_size)
+
+
+def micro_batch_sizes(per_rank_batch: int) -> list[int]:
+    """The legal micro-batches of a rank's share of the batch, smallest first: its divisors, so that the
+    accumulated micro-batches add up to the effective batch exactly. The one owner of this rule: the schema's
+    checks, the planner's advice and `auto`, and the out-of-memory recovery ask it."""
+    return [size for size in range(1, per_rank_batch + 1) if per_rank_batch % size == 0]
+
+
+def micro_batch_at_most(per_rank_batch: int, limit: int) -> int:
+    """The largest legal micro-batch of `per_rank_batch` that is at most `limit` (1 when `limit` is below 1)."""
+    return max(size for size in micro_batch_sizes(per_rank_batch) if size <= max(limit, 1))
+
+
+# What an unset data.seq_len trains at over a corpus whose manifest suggests no length (an older prepare).
+DEFAULT_TEXT_SEQ_LEN = 256
+
+
+def text_sequence_length(seq_len: int | None, manifest: Mapping[str, Any]) -> int:
+    """Tokens per training sequence over a prepared text dataset (its `manifest`): `seq_len` when set; unset,
+    the longest sample `prepare` kept for instruction data, else the context length `prepare` suggested for
+    the corpus (DEFAULT_TEXT_SEQ_LEN when the manifest names none)."""
+    if seq_len is not None:
+        return int(seq_len)
+    instruct = manifest.get("instruct")
+    if instruct:
+        return int(instruct["seq_len"])
+    return int((manifest.get("lengths") or {}).get("suggested_seq_len") or DEFAULT_TEXT_SEQ_LEN)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainwise.config.derived import accumulation_steps, metric_mode
+from trainwise.config.derived import accumulation_steps, metric_mode, micro_batch_at_most
 from trainwise.errors import ConfigError, DataError
 
 
@@ -202,11 +202,12 @@ class TrainConfig(Section):
         return self.micro_batch_size if isinstance(self.micro_batch_size, int) else self.batch_size
 
     def refuse_unresolved_auto(self) -> None:
-        """`auto` is the planner's call, made before the engine is built (the engine does not import it)."""
+        """`auto` is the planner's call, made by launch/'s resolve step before the engine is built (the engine
+        does not import the planner)."""
         if self.micro_batch_size == "auto":
-            raise ConfigError("train.micro_batch_size=auto is chosen by the planner when a run starts: use "
-                              "`trainwise train`, or call train_run(..., resolve_micro_batch=trainwise.plan."
-                              "auto_micro_batch.resolve_micro_batch), or set a number.")
+            raise ConfigError("train.micro_batch_size=auto is chosen by the planner when a run starts: start it "
+                              "with `trainwise train` or trainwise.launch.train_run (they resolve it), or set a "
+                              "number.")
 
     @property
     def accumulation_steps(self) -> int:
@@ -235,7 +236,7 @@ class TrainConfig(Section):
         if not isinstance(self.micro_batch_size, int):
             return share
         if share % self.micro_batch_size:
-            fits = _largest_divisor_at_most(share, self.micro_batch_size)
+            fits = micro_batch_at_most(share, self.micro_batch_size)
             raise ConfigError(f"train.micro_batch_size ({self.micro_batch_size}) does not divide each rank's share "
                               f"of the batch (train.batch_size {self.batch_size} / {ranks} ranks = {share}): use "
                               f"train.micro_batch_size={fits}, or leave it unset (each rank then takes its whole "
@@ -287,7 +288,7 @@ class TrainConfig(Section):
                              "the micro-batch is the part of the batch that fits, so it must be ≤ batch_size")
         if self.batch_size % micro:
             raise ValueError(f"batch_size ({self.batch_size}) is not a multiple of micro_batch_size ({micro}); "
-                             f"try micro_batch_size={_largest_divisor_at_most(self.batch_size, micro)}")
+                             f"try micro_batch_size={micro_batch_at_most(self.batch_size, micro)}")
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set train.max_steps or train.epochs to bound the run")
         return self
@@ -371,7 +372,3 @@ class RunConfig(Section):
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be smaller than "
                              f"train.max_steps ({steps}); or set schedule.warmup_fraction")
         return self
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-    return max(d for d in range(1, limit + 1) if n % d == 0)

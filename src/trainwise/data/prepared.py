@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwise.data.bundle import DataBundle, DataSpec
-from trainwise.data.shards import SPLITS, check_split_files, read_manifest
+from trainwise.data.shards import MANIFEST, SPLITS, check_split_files, read_manifest
 from trainwise.errors import ConfigError, DataError
 
 
@@ -218,3 +218,13 @@ def flip_and_shift(images: torch.Tensor) -> torch.Tensor:
     flip = torch.rand(len(images), device=images.device) < 0.5
     images = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)
     return random_shift(images, max_shift=max(1, images.shape[-1] // 16))
+
+
+def prepared_text_manifest(data: Any) -> dict[str, Any] | None:
+    """The manifest of the prepared text dataset a config's `data` section names (its `path`, no factory), or
+    None when it names none: building the data then says what is wrong with it. What an unset `data.seq_len`
+    means over it is config.derived.text_sequence_length."""
+    if not data.path or data.factory or not (Path(data.path) / MANIFEST).is_file():
+        return None
+    manifest = read_manifest(data.path)
+    return manifest if manifest.get("kind") == "text" else None

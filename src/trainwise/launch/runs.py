@@ -1,12 +1,11 @@
-"""Starting and resuming a run: build the data and the model a config names, run the sanity checks
-(trainwise.check), hand them to the engine (trainwise.train) and train into a run directory; resume one from
-its checkpoint with the config it was started with."""
+"""Starting and resuming a run: decide what the config leaves open (resolve.py), build the data and the model
+it names, run the sanity checks (trainwise.check), hand them to the engine (trainwise.train) and train into a
+run directory; resume one from its checkpoint with the config it was started with."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -14,6 +13,8 @@ from trainwise.config import RunConfig
 from trainwise.config.diff import check_resume_config, config_hash
 from trainwise.data.bundle import check_labels
 from trainwise.errors import RunDirError, RunDirWarning
+from trainwise.launch.resolve import record_built_length, resolve_run
+from trainwise.plan.planner import device_peak_flops
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_files import read_checkpoint_header, resume_checkpoint
@@ -24,23 +25,21 @@ from trainwise.train.callbacks import Callback
 from trainwise.train.live_diagnosis import SanityFindings
 from trainwise.train.run_task import ValidateAsBuilt
 from trainwise.train.distributed import launched_ranks, leaving_the_job
+from trainwise.train.language_model import PeakFlops
 from trainwise.train.trainer import Trainer
-
-
-# `train.micro_batch_size: auto` is the planner's call, and the engine does not import the planner: the CLI
-# passes trainwise.plan.auto_micro_batch.resolve_micro_batch, which returns the config with the number in
-# place and the choice (its `event()`: RunDir.log_event's arguments).
-MicroBatchResolver = Callable[[RunConfig], tuple[RunConfig, Any]]
 
 
 def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = (), *,
                   resuming: bool = False) -> Trainer:
     """Seed, build the data (bad labels are refused here), the model and the trainer. Nothing is written.
-    `resuming`: the run's kept tokenizer is checked against the data's (a language model)."""
+    `config` is resolved (resolve_run) for a new run, as recorded for a resume. `resuming`: the run's kept
+    tokenizer is checked against the data's (a language model)."""
     config.train.refuse_unresolved_auto()  # before the data is built
     seed_everything(config.seed)
     bundle = build_data(config)
     check_labels(bundle)
+    if not resuming:  # a resume keeps the config it recorded
+        config = record_built_length(config, bundle)
     model = build_model(config, bundle.spec)
     findings = []
     if config.train.sanity:  # a run that cannot learn is not started (trainwise check shows the same)
@@ -49,7 +48,8 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
         findings = sanity_check(config, bundle, model)  # the probe trains this model and restores its weights
         raise_for_errors(findings)
     sanity = SanityFindings(findings)
-    said = [sanity, *([ValidateAsBuilt()] if getattr(model, "counted", False) else [])]  # popularity: no step
+    said = [sanity, PeakFlops(device_peak_flops)]  # the card's catalogue peak, for the run's MFU
+    said += [ValidateAsBuilt()] if getattr(model, "counted", False) else []  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
         from trainwise.train.language_model import KeepTokenizer, check_text_run
 
@@ -87,28 +87,26 @@ def check_before_launch(config: RunConfig, ranks: int, out: Path | None = None, 
 
 
 def train_run(config: RunConfig, out: str | Path, *, overwrite: bool = False,
-              callbacks: Sequence[Callback] = (), resolve_micro_batch: MicroBatchResolver | None = None,
-              recipe_file: Path | None = None) -> RunDir:
+              callbacks: Sequence[Callback] = (), recipe_file: Path | None = None) -> RunDir:
     """Train `config` into a new run directory `out` (refused when it holds files, unless `overwrite` and they
-    are an earlier run's). `resolve_micro_batch` turns `train.micro_batch_size: auto` into a number (see
-    MicroBatchResolver). The recipe file and `data.path` are never inside what `overwrite` replaces."""
+    are an earlier run's). What the config leaves `auto` or unset is decided first (resolve.py) and recorded in
+    config.yaml. The recipe file and `data.path` are never inside what `overwrite` replaces."""
     run = RunDir(out)
     main = launched_ranks().is_main
     inputs = run_inputs(config, recipe_file)
     if main:
         RunDir.refuse_existing(run.path, overwrite=overwrite, inputs=inputs)  # fail fast, before any work
-    auto = None
     with leaving_the_job():
-        if config.train.micro_batch_size == "auto" and resolve_micro_batch is not None:
-            config, auto = resolve_micro_batch(config)  # config.yaml records the number: a resume keeps it
-        trainer = build_trainer(config, run, callbacks)  # every check passes before anything is replaced
+        resolution = resolve_run(config)  # the same on every rank: see resolve.py
+        trainer = build_trainer(resolution.config, run, callbacks)  # every check passes before anything is replaced
         if main:
             run.initialise(overwrite=overwrite, inputs=inputs)  # an --out that cannot be written: the error to show
             warning = run.check_free_space(trainer.checkpointer.size_bytes(), config.checkpoint.keep_last)
             if warning:
                 warnings.warn(warning, RunDirWarning, stacklevel=2)
-            if auto is not None:
-                run.log_event(**auto.event(), step=0)
+            for event in [resolution.event(), *resolution.events]:
+                if event is not None:
+                    run.log_event(**event, step=0)
         trainer.fit()
     return trainer.run_dir
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from trainwise.config.derived import micro_batch_at_most
 from trainwise.plan.catalog import Gpu, Offer, PriceList, offer_costs
 from trainwise.plan.timing import (CPU_BANDWIDTH_BYTES_S_PER_CORE, CPU_OP_OVERHEAD_S, CPU_UTILISATION,
                                    GPU_OP_OVERHEAD_S, GPU_UTILISATION, cpu_peak_flops, step_time)
@@ -211,10 +212,8 @@ def largest_micro_batch(est: Estimates, budget: float, device: str = "cuda", sha
 
 
 def micro_batch_for(batch_size: int, max_micro: int) -> int:
-    """The largest divisor of the batch that fits: accumulation then keeps the effective batch exact."""
-    if max_micro <= 0:
-        return 0
-    return max(d for d in range(1, min(batch_size, max_micro) + 1) if batch_size % d == 0)
+    """The largest legal micro-batch (config.derived) that fits; 0 when nothing does."""
+    return micro_batch_at_most(batch_size, max_micro) if max_micro > 0 else 0
 
 
 def hours_on_offer(row: "CardPlan") -> float:

@@ -9,8 +9,8 @@ recovery covers what is left. Under torchrun each rank measures its own device a
 choice. The run directory records the choice and its numbers as a `micro_batch_auto` event; config.yaml
 records the number, so a resume keeps it.
 
-The engine does not import the planner (tests/test_architecture.py): the CLI hands `resolve_micro_batch` to
-`train_run`, which calls it before the Trainer is built.
+The engine does not import the planner (tests/test_architecture.py): launch/'s resolve step calls
+`resolve_micro_batch` before the Trainer is built, for `trainwise train`, `demo` and Python callers alike.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from trainwise.config import RunConfig
+from trainwise.config.derived import micro_batch_sizes
 from trainwise.plan.advise import (ALLOCATOR_SLACK_BYTES, CUBLAS_32MIB_MAJORS, CUBLAS_WORKSPACE_BYTES,
                                    CUDNN_WORKSPACE_BYTES, SAFETY_MARGIN)
 from trainwise.plan.job import estimate_job, job_from_config
@@ -85,9 +86,9 @@ def _size(n: int) -> str:
 
 def choose_micro_batch(peak: Callable[[int], float], per_rank_batch: int, budget: float
                        ) -> tuple[int, int | None, bool]:
-    """(the largest divisor of `per_rank_batch` whose `peak` fits `budget`, the next larger divisor, whether
-    anything fits). Pure: the estimate and the budget are the inputs."""
-    divisors = [d for d in range(1, per_rank_batch + 1) if per_rank_batch % d == 0]
+    """(the largest legal micro-batch of `per_rank_batch` (config.derived) whose `peak` fits `budget`, the next
+    larger one, whether anything fits). Pure: the estimate and the budget are the inputs."""
+    divisors = micro_batch_sizes(per_rank_batch)
     fitting = [d for d in divisors if peak(d) <= budget]
     chosen = fitting[-1] if fitting else 1
     larger = [d for d in divisors if d > chosen]
@@ -133,7 +134,7 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     if kind == "cuda" and fits:
         chosen, probes = _confirm_on_card(step.on(kind), device, chosen, per_rank_batch)
     agreed = _smallest_over_ranks(chosen, device, train.dist_timeout_s, train.strategy) if ranks.enabled else chosen
-    larger = [d for d in range(agreed + 1, per_rank_batch + 1) if per_rank_batch % d == 0]
+    larger = [d for d in micro_batch_sizes(per_rank_batch) if d > agreed]
     choice = MicroBatchChoice(
         micro_batch_size=agreed, per_rank_batch=per_rank_batch, device=str(device), free_bytes=free,
         margin_bytes=margin, fixed_bytes=fixed, budget_bytes=int(budget),
@@ -177,7 +178,7 @@ def _confirm_on_card(step: TrainingStep, device: torch.device, chosen: int, per_
         probes.append((size, ok))
         if ok:
             return size, tuple(probes)
-        smaller = [d for d in range(1, size) if per_rank_batch % d == 0]
+        smaller = [d for d in micro_batch_sizes(per_rank_batch) if d < size]
         if not smaller:
             break
         size = smaller[-1]

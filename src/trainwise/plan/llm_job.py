@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from trainwise.config import RunConfig
+from trainwise.config.derived import text_sequence_length
 from trainwise.config.load import apply_override, config_from_dict
+from trainwise.data.prepared import prepared_text_manifest
 from trainwise.errors import ConfigError
 from trainwise.llm import methods
 from trainwise.plan.llm_step import LmJob
+from trainwise.runtime.precision import choose_precision
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_BATCH = 16
@@ -67,7 +70,8 @@ def lm_job_from_config(config: RunConfig, optimizer: str | None = None) -> tuple
     spec = model.hf or model.hf_config
     check_model_fields(spec)
     notes = []
-    seq_len = config.data.seq_len
+    prepared = prepared_text_manifest(config.data) if config.data.seq_len is None else None
+    seq_len = text_sequence_length(None, prepared) if prepared is not None else config.data.seq_len  # as trained
     if seq_len is None:
         seq_len = DEFAULT_SEQ_LEN
         notes.append(f"data.seq_len is not set: planned at {DEFAULT_SEQ_LEN} tokens per sequence.")
@@ -76,8 +80,8 @@ def lm_job_from_config(config: RunConfig, optimizer: str | None = None) -> tuple
                 method=model.method, trainable_blocks=model.trainable_blocks,
                 lora=methods.LoraSettings.from_config(model.lora),
                 dtype="fp32" if methods.holds_master_weights(model) else model.dtype,  # fp32 master weights
-                precision="bf16" if train.precision in ("auto", "bf16") else train.precision, optimizer=optimizer or ("adamw" if config.optim.name == "adam"
-                                                                   else config.optim.name),
+                precision=choose_precision(train.precision, "cuda", bf16_native=True),  # auto: what bf16 cards run
+                optimizer=optimizer or ("adamw" if config.optim.name == "adam" else config.optim.name),
                 gradient_checkpointing=model.gradient_checkpointing, loss_chunk_size=model.loss_chunk_size,
                 grad_clip_norm=train.grad_clip_norm)
     check_job(job)

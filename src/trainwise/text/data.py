@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainwise.config.derived import text_sequence_length
 from trainwise.data.bundle import DataBundle, DataSpec
 from trainwise.data.shards import read_manifest
 from trainwise.errors import ConfigError, DataError
@@ -38,8 +39,7 @@ def text_bundle(path: str | Path, manifest: dict[str, Any] | None = None, *, seq
     instruct = manifest.get("instruct")
     if instruct:  # instruction samples stay whole in a pack: a prompt is never cut from its answer
         split_documents = False
-        seq_len = seq_len or int(instruct["seq_len"])
-    seq_len = seq_len or int(manifest.get("lengths", {}).get("suggested_seq_len") or 256)
+    seq_len = text_sequence_length(seq_len, manifest)  # unset: what prepare suggested (config.derived)
     if not 2 <= seq_len <= MAX_CONTEXT:
         raise ConfigError(f"data.seq_len {seq_len}: a training sequence holds 2 to {MAX_CONTEXT:,} tokens.")
     tokenizer = manifest["tokenizer"]

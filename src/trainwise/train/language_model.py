@@ -9,7 +9,7 @@ it at 6 would overstate an adapter run's MFU by up to half. Below the lowest blo
 freeze`'s frozen blocks, unless a trained input embedding pulls the gradient to the bottom) no backward runs
 at all: those weights cost 2 and their attention 4·H·Q·T. Recomputation under activation checkpointing is
 not counted (that would be hardware FLOPs, not model FLOPs). The peak comes from the GPU catalogue, which the
-engine does not import: the CLI hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
+engine does not import: launch/ hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
 the progress line says so instead of printing a number).
 """
 from __future__ import annotations
@@ -154,8 +154,8 @@ def record_attention(config, model: nn.Module) -> str | None:
 
 
 class PeakFlops(Callback):
-    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by the
-    CLI."""
+    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by
+    launch/ in the planner's catalogue."""
 
     def __init__(self, lookup: PeakLookup):
         self.lookup = lookup

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from trainwise.config import accumulation_steps
+from trainwise.config.derived import micro_batch_at_most
 from trainwise.errors import TrainingError
 from trainwise.llm.methods import enable_gradient_checkpointing, gradient_checkpointing_enabled
 from trainwise.train.distributed import agree, average_gradients
@@ -160,7 +161,7 @@ def smaller_micro_batch(current: int, per_rank_batch: int) -> int | None:
     """The largest micro-batch at most half of `current` that divides the per-rank batch, or None at 1."""
     if current <= 1:
         return None
-    return max(size for size in range(1, current // 2 + 1) if per_rank_batch % size == 0)
+    return micro_batch_at_most(per_rank_batch, current // 2)
 
 
 def can_checkpoint(model: nn.Module) -> bool:
