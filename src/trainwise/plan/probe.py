@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from trainwise.plan.memory import TrainingStep, build_train_step, make_batch
+from trainwise.plan.memory import build_train_step, make_batch
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.workspaces import probe_threads, quiet_stderr, threads
 
 
