@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trainwise.config import metric_mode
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 
 # Val loss this far (relative) above its best before "rising" is more than evaluation noise.
 OVERFIT_RISE = 0.02

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from trainwise.config.labels import IGNORE_INDEX
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 
 # Majority/minority class count in train at or above this is extreme: a model can ignore the minority
 # class and still score high accuracy (1:20 is where resampling or class weights become necessary).

@@ -118,7 +118,7 @@ def cpu_workspace_notes(estimate: JobEstimate) -> list[str]:
     """What the CPU memory figures bound from above instead of measuring (workspaces.py), said once."""
     import torch
 
-    from trainwise.plan.workspaces import probe_threads
+    from trainwise.plan.kernel_bounds import probe_threads
 
     model = estimate.memory.get("cpu")
     if model is None:
