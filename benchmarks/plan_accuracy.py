@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from trainwise import ArrayDataset, DataSpec, RunDir, Trainer, config_from_dict  # noqa: E402
-from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
+from trainwise.plan.memory import trace_step  # noqa: E402
+from trainwise.plan.traced_step import TrainingStep  # noqa: E402
 from trainwise.plan.probe import peak_bytes  # noqa: E402
 from trainwise.recipes.models import CheckpointedSequential  # noqa: E402
 from trainwise.train.step import STEP_RANGE  # noqa: E402

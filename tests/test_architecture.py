@@ -296,7 +296,7 @@ def test_the_checker_finds_typer_outside_the_face(tmp_path):
 
 
 # ---- inside a room: no file-level circles, one definition per name, one owner per contract constant -----------
-CONTRACT_CONSTANTS = ("IGNORE_INDEX",)  # the batch contract's names, defined once (data/batch.py) and imported
+CONTRACT_CONSTANTS = ("IGNORE_INDEX",)  # the batch contract's names, defined once (config/labels.py) and imported
 
 
 def _modules(src: Path = SRC) -> dict[str, Path]:
@@ -384,6 +384,14 @@ def contract_redefinitions(src: Path = SRC) -> list[str]:
 
 def test_no_module_defines_a_name_twice():
     assert duplicate_definitions() == []
+
+
+def test_no_file_level_circles():
+    assert file_circles() == []
+
+
+def test_contract_constants_are_defined_once():
+    assert contract_redefinitions() == []
 
 
 def test_the_checkers_see_a_file_circle_a_shadowed_definition_and_a_second_constant(tmp_path):

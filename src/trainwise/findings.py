@@ -5,8 +5,8 @@ happened (a stable `code` scripts can match on), how bad it is (`severity`), the
 (`evidence`) and what to do (`fixes`, simplest first). Reports and every `--json` output read this record.
 
 It sits at the top of the package (beside errors.py) so every room can produce it: `trainwise doctor`'s
-checks, telemetry's alerts (`kind` in events.jsonl is the `code`) and the diagnose rules.
-`trainwise.diagnose.findings` re-exports it.
+checks, telemetry's alerts (`kind` in events.jsonl is the `code`) and the diagnose rules, which import it
+from here.
 """
 from __future__ import annotations
 

@@ -10,12 +10,13 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from trainwise.check import lr_find as finder
+from trainwise.diagnose import lr_curve
 from trainwise.errors import ConfigError, RunDirError, TrainingError
 
 
 def _synthetic_curve(steps: int = 100, best_lr: float = 1e-2):
     """A range test as it looks: flat at tiny rates, a valley in log-lr centred on `best_lr`, then a blow-up."""
-    lrs = [finder.lr_at(i, steps, 1e-6, 10.0) for i in range(steps)]
+    lrs = [lr_curve.lr_at(i, steps, 1e-6, 10.0) for i in range(steps)]
     losses = []
     for lr in lrs:
         distance = math.log10(lr / best_lr)  # decades from the valley's floor
@@ -26,7 +27,7 @@ def _synthetic_curve(steps: int = 100, best_lr: float = 1e-2):
 
 
 def test_the_sweep_is_exponential_from_min_to_max():
-    lrs = [finder.lr_at(i, 7, 1e-6, 1.0) for i in range(7)]
+    lrs = [lr_curve.lr_at(i, 7, 1e-6, 1.0) for i in range(7)]
     assert lrs[0] == pytest.approx(1e-6) and lrs[-1] == pytest.approx(1.0)
     ratios = [b / a for a, b in zip(lrs, lrs[1:])]
     assert ratios == pytest.approx([10.0] * 6)
@@ -34,22 +35,22 @@ def test_the_sweep_is_exponential_from_min_to_max():
 
 def test_smoothing_is_bias_corrected():
     # without the correction the first values would be 0.1×, 0.19×... of a constant loss
-    assert finder.smooth([2.0, 2.0, 2.0], beta=0.9) == pytest.approx([2.0, 2.0, 2.0])
-    assert finder.smooth([1.0, 3.0], beta=0.0) == [1.0, 3.0]
-    smoothed = finder.smooth([1.0, 0.0] * 20, beta=0.9)
+    assert lr_curve.smooth([2.0, 2.0, 2.0], beta=0.9) == pytest.approx([2.0, 2.0, 2.0])
+    assert lr_curve.smooth([1.0, 3.0], beta=0.0) == [1.0, 3.0]
+    smoothed = lr_curve.smooth([1.0, 0.0] * 20, beta=0.9)
     assert max(smoothed[10:]) - min(smoothed[10:]) < 0.2  # the zig-zag is averaged out
 
 
 def test_divergence_is_the_first_point_past_four_times_the_best():
-    assert finder.divergence_index([1.0, 0.5, 0.3, 1.1, 1.3]) == 4  # 1.3 > 4 × 0.3; 1.1 is not
-    assert finder.divergence_index([1.0, 0.9, float("nan")]) == 2
-    assert finder.divergence_index([1.0, 0.9, 0.8]) is None
+    assert lr_curve.divergence_index([1.0, 0.5, 0.3, 1.1, 1.3]) == 4  # 1.3 > 4 × 0.3; 1.1 is not
+    assert lr_curve.divergence_index([1.0, 0.9, float("nan")]) == 2
+    assert lr_curve.divergence_index([1.0, 0.9, 0.8]) is None
 
 
 def test_the_suggestion_is_the_smoothed_minimum_over_ten_on_a_synthetic_curve():
     lrs, losses = _synthetic_curve(best_lr=1e-2)
-    smoothed = finder.smooth(losses, beta=0.0)
-    suggestion = finder.suggest_lr(lrs, smoothed)
+    smoothed = lr_curve.smooth(losses, beta=0.0)
+    suggestion = lr_curve.suggest_lr(lrs, smoothed)
     step = lrs[1] / lrs[0]  # one point of the sweep
     assert 1e-3 / step <= suggestion <= 1e-3 * step
 
@@ -58,15 +59,15 @@ def test_the_suggestion_ignores_noise_once_smoothed():
     lrs, losses = _synthetic_curve(best_lr=1e-3)
     noise = torch.Generator().manual_seed(0)
     noisy = [loss + 0.15 * float(torch.randn((), generator=noise)) for loss in losses]
-    suggestion = finder.suggest_lr(lrs, finder.smooth(noisy))
+    suggestion = lr_curve.suggest_lr(lrs, lr_curve.smooth(noisy))
     # the average lags the curve by a few points (to the right); with the noise, less than half a decade
     assert 1e-4 / 3 < suggestion < 1e-4 * 3
 
 
 def test_default_steps_shrink_with_small_data():
-    assert finder.default_steps(steps_per_epoch=1000) == finder.MAX_STEPS
-    assert finder.default_steps(steps_per_epoch=11) == 88
-    assert finder.default_steps(steps_per_epoch=2) == finder.MIN_STEPS
+    assert lr_curve.default_steps(steps_per_epoch=1000) == lr_curve.MAX_STEPS
+    assert lr_curve.default_steps(steps_per_epoch=11) == 88
+    assert lr_curve.default_steps(steps_per_epoch=2) == lr_curve.MIN_STEPS
 
 
 def _breast_cancer():
@@ -74,7 +75,7 @@ def _breast_cancer():
 
 
 def test_a_real_sweep_stops_on_divergence_and_writes_json_and_png(tmp_path):
-    settings = finder.SweepSettings(min_lr=1e-5, max_lr=100.0, steps=60)
+    settings = lr_curve.SweepSettings(min_lr=1e-5, max_lr=100.0, steps=60)
     result = finder.lr_find_config(_breast_cancer(), settings)
 
     assert result.diverged and len(result.lrs) < 60 and result.lrs[-1] < settings.max_lr
@@ -100,7 +101,7 @@ def test_the_sweep_trains_a_copy_and_leaves_the_model_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(128, 5)
     data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
-    result = finder.sweep(model, data, config=tiny_config(), settings=finder.SweepSettings(steps=20))
+    result = finder.sweep(model, data, config=tiny_config(), settings=lr_curve.SweepSettings(steps=20))
     assert len(result.lrs) <= 20
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -127,7 +128,7 @@ class _NaNModel(nn.Module):
 def test_a_loss_that_is_never_finite_is_a_clear_error():
     data = torch.utils.data.TensorDataset(torch.randn(64, 5), torch.zeros(64, dtype=torch.long))
     with pytest.raises(TrainingError, match="not finite"):
-        finder.sweep(_NaNModel(), data, config=tiny_config(), settings=finder.SweepSettings(steps=10))
+        finder.sweep(_NaNModel(), data, config=tiny_config(), settings=lr_curve.SweepSettings(steps=10))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -137,7 +138,7 @@ def test_a_loss_that_is_never_finite_is_a_clear_error():
 ])
 def test_bad_settings_are_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
-        finder.SweepSettings(**kwargs).check()
+        lr_curve.SweepSettings(**kwargs).check()
 
 
 def test_a_run_directory_takes_its_first_lr_range_test_without_overwrite(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.diagnose.synthetic_run import GIB, codes, gpu_samples, make_run, only
 from trainwise.diagnose.convergence import FLAT_MIN_DROP
-from trainwise.diagnose.findings import SEVERITY_ORDER
+from trainwise.findings import SEVERITY_ORDER
 from trainwise.diagnose.run_rules import diagnose_run, live_findings
 from trainwise.errors import RunDirError
 

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from trainwise.evaluate.curves import analyse_curves, best_point
+from trainwise.diagnose.curve_analysis import analyse_curves
+from trainwise.diagnose.curves import best_point
 
 
 def _records(train_loss, val_loss, *, every=10, val_every=50, **val_extra):

@@ -52,7 +52,7 @@ def test_the_sum_ignores_masked_tokens():
 
 
 def test_chunked_loss_never_holds_all_logits():
-    from trainwise.plan.memory import AllocationTracker
+    from trainwise.plan.allocation_tracker import AllocationTracker
     batch = _batch(vocab=4096, length=64)
     model = tiny_model("llama", vocab_size=4096)
     peaks = {}

@@ -3,8 +3,9 @@ from dataclasses import replace
 
 import pytest
 
-from trainwise.plan.advise import (CUDA_CONTEXT_BYTES, Estimates, Options, PeakCurve, advise, cuda_fixed_bytes,
-                                   largest_micro_batch, micro_batch_for, no_fit_message, plan_card)
+from trainwise.plan.advise import (CUDA_CONTEXT_BYTES, Options, advise, cuda_fixed_bytes, largest_micro_batch,
+                                   micro_batch_for, no_fit_message, plan_card)
+from trainwise.plan.estimates import Estimates, PeakCurve
 from trainwise.plan.timing import cpu_peak_flops, step_time
 from trainwise.plan.catalog import Gpu, Offer, PriceList
 

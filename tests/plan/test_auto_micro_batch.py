@@ -113,7 +113,7 @@ def test_on_a_card_at_most_two_real_steps_confirm_the_choice(monkeypatch):
 def _step():
     from torch import nn
 
-    from trainwise.plan.memory import TrainingStep
+    from trainwise.plan.traced_step import TrainingStep
 
     return TrainingStep(build_model=lambda: nn.Linear(4, 2), input_shape=(4,), num_classes=2)
 

@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from trainwise.plan.flops import FlopTally, conv2d_flops, matmul_flops
-from trainwise.plan.memory import TrainingStep, trace_step
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import TrainingStep
 
 
 def test_matmul_forward_and_backward_against_the_formula():

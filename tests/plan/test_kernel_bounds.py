@@ -14,7 +14,8 @@ import torch
 
 import trainwise.data.loader as loader
 from benchmarks.plan_accuracy import KeywordSpotter   # the held-out model of benchmarks/plan_accuracy.py
-from trainwise.plan.memory import TrainingStep, trace_step
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import measured_peak_bytes
 
 aten = torch.ops.aten

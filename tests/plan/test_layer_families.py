@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainwise.plan.memory import TrainingStep, trace_step
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import measured_peak_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

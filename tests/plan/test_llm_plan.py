@@ -15,7 +15,8 @@ from trainwise.llm import methods  # noqa: E402
 from trainwise.plan.llm_levers import candidate_levers  # noqa: E402
 from trainwise.plan.llm_plan import estimate_lm, trace_lm, traced_depths  # noqa: E402
 from trainwise.plan.llm_step import LmJob, lm_step  # noqa: E402
-from trainwise.plan.memory import TrainingStep, trace_step  # noqa: E402
+from trainwise.plan.memory import trace_step  # noqa: E402
+from trainwise.plan.traced_step import TrainingStep  # noqa: E402
 from trainwise.plan.kernel_bounds import threads  # noqa: E402
 from trainwise.plan.probe import measured_peak_bytes  # noqa: E402
 
@@ -165,7 +166,7 @@ def test_each_region_of_the_step_is_extended_on_its_own_line():
     # at 1-2 blocks the peak is in backward of the head, at 4 at the end of forward: extending the highest point
     # of the shallow traces misses it; the highest of the regions' extended lines does not
     from trainwise.plan.llm_plan import extend
-    from trainwise.plan.memory import StepTrace
+    from trainwise.plan.traced_step import StepTrace
 
     def trace(forward, head):
         parts = {"micro_batches": {"activations": max(forward, head)}, "forward": {"activations": forward},

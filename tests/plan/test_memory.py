@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainwise.plan.memory import (CUDA_ALLOCATION_ROUNDING, TrainingStep, cpu_im2col_workspace,
-                                   trace_step)
+from trainwise.plan.kernel_bounds import cpu_im2col_workspace
+from trainwise.plan.memory import CUDA_ALLOCATION_ROUNDING, trace_step
 from trainwise.plan.probe import measured_peak_bytes
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.recipes.models import CheckpointedSequential
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tests.conftest import invoke
-from trainwise.cli.plan import _cheapest_shown, _money
+from trainwise.cli.plan import _cheapest_shown
+from trainwise.cli.plan_units import money_text
 from trainwise.plan.job import job_from_config
 from trainwise.recipes import load_recipe
 
@@ -26,9 +27,9 @@ def test_auto_precision_follows_the_cards_planned_for():
 
 
 def test_costs_below_a_cent_keep_two_significant_digits():
-    assert _money(0.000084) == "0.000084"
-    assert _money(0.0043) == "0.0043"
-    assert _money(0.25) == "0.25" and _money(None) == "—" and _money(0.0) == "0.00"
+    assert money_text(0.000084) == "0.000084"
+    assert money_text(0.0043) == "0.0043"
+    assert money_text(0.25) == "0.25" and money_text(None) == "—" and money_text(0.0) == "0.00"
 
 
 def _advice(*costs):

@@ -2,7 +2,8 @@
 import torch
 from torch import nn
 
-from trainwise.plan.memory import TrainingStep, trace_step
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import cpu_peak_bytes, probe_steps, read_machine
 
 

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from tests.conftest import invoke
 from tests.recsys.test_resume import StopAt
 from trainwise.plan.job import estimate_job, job_from_config
-from trainwise.plan.memory import TrainingStep, trace_step
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import measured_peak_bytes
 from trainwise.recipes import load_recipe
 from trainwise.recsys.models import SASRec

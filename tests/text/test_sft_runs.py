@@ -11,7 +11,6 @@ from tests.conftest import invoke, stop_at
 from tests.text.sft_data import prepared_chats, sft_config
 from trainwise.recipes.factories import build_data, build_model
 from trainwise.rundir.checkpoint_files import read_checkpoint
-from trainwise.rundir.adapter import adapter_dir
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.model_state import load_kept_state, saved_record
 from trainwise.launch.runs import build_trainer, train_run
@@ -47,7 +46,7 @@ def test_the_adapter_loads_in_peft_with_the_runs_logits(straight):
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         base = build_hf(resolve_config(config.model.hf_config, vocab_size=vocab), device="cpu")
-    loaded = PeftModel.from_pretrained(base, str(adapter_dir(straight))).eval()
+    loaded = PeftModel.from_pretrained(base, str(straight.adapter_dir())).eval()
     ids = torch.randint(0, vocab, (2, 12))
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, tuned(input_ids=ids).logits, atol=1e-6)
@@ -87,8 +86,8 @@ def test_fsdp_shards_the_decoder_layers_and_trains_the_adapter_as_one_process(da
     stored = FileSystemReader(run.checkpoint_dirs.pointer("last")).read_metadata().state_dict_metadata
     tensors = [name for name in stored if name.startswith(("model.", "optimizer.state."))]
     assert tensors and all("lora_" in name for name in tensors)
-    adapter = load_file(adapter_dir(run) / "adapter_model.safetensors")
-    single = load_file(adapter_dir(straight) / "adapter_model.safetensors")
+    adapter = load_file(run.adapter_dir() / "adapter_model.safetensors")
+    single = load_file(straight.adapter_dir() / "adapter_model.safetensors")
     assert adapter.keys() == single.keys() and all(adapter[k].equal(single[k]) for k in adapter)
 
 
@@ -130,7 +129,7 @@ def test_out_of_memory_in_a_lora_run_recovers_with_checkpointing_that_recomputes
     assert set(Counter(calls).values()) == {2 * trainer.accumulation_steps} and len(set(calls)) == 3
     assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
     final = load_file(run.model_path)
-    assert set(final) == trainable and (adapter_dir(run) / "adapter_model.safetensors").is_file()
+    assert set(final) == trainable and (run.adapter_dir() / "adapter_model.safetensors").is_file()
     assert all(final[n].abs().sum() > 0 for n in final if "lora_B" in n)  # zero at the start: all trained
 
 

@@ -74,7 +74,7 @@ def test_nan_never_counts_for_early_stopping():
 
 def _unless_default():
     """NonFiniteValidation, when the Trainer does not already add it to every run."""
-    from trainwise.train.callbacks import default_callbacks as _default_callbacks
+    from trainwise.train.default_callbacks import default_callbacks as _default_callbacks
 
     wired = any(isinstance(c, NonFiniteValidation) for c in _default_callbacks(tiny_config()))
     return [] if wired else [NonFiniteValidation()]

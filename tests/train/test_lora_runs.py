@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 from tests.conftest import stop_at, tiny_config
 from tests.train.lora_models import fsdp_world_of_one
 from trainwise.errors import RunDirError
-from trainwise.rundir.adapter import adapter_dir
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.checkpoint_files import read_checkpoint
 from trainwise.launch.runs import build_trainer, train_run
@@ -72,16 +71,16 @@ def test_the_adapter_loads_in_peft_with_the_trained_outputs(straight):
 
     from tests.train.lora_models import TwoLayer, lora_mlp
 
-    assert {p.name for p in adapter_dir(straight).iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
+    assert {p.name for p in straight.adapter_dir().iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
     trained = lora_mlp(type("Spec", (), {"input_shape": (30,), "num_classes": 2})())
     trained.load_state_dict(load_file(straight.model_path), strict=False)
     with torch.random.fork_rng():
         torch.manual_seed(7)
         base = TwoLayer(30, 2)
-    loaded = PeftModel.from_pretrained(base, str(adapter_dir(straight))).eval()
+    loaded = PeftModel.from_pretrained(base, str(straight.adapter_dir())).eval()
     x = torch.randn(5, 30)
     assert torch.equal(loaded(x), trained.eval()(x))
-    assert RunDir(straight.path).verify(adapter_dir(straight) / "adapter_model.safetensors") is None
+    assert RunDir(straight.path).verify(straight.adapter_dir() / "adapter_model.safetensors") is None
 
 
 def test_evaluate_puts_the_adapter_on_the_rebuilt_base_and_refuses_another_base(straight):
@@ -120,12 +119,12 @@ def test_fsdp_shards_the_lora_model_and_keeps_only_the_adapter(straight, sharded
     assert "4 tensors" in saved_record(last)["frozen_fingerprint"]
     a, b = load_file(straight.model_path), load_file(run.model_path)
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # the same update as one process
-    adapter = adapter_dir(run) / "adapter_model.safetensors"
-    assert load_file(adapter).keys() == load_file(adapter_dir(straight) / "adapter_model.safetensors").keys()
+    adapter = run.adapter_dir() / "adapter_model.safetensors"
+    assert load_file(adapter).keys() == load_file(straight.adapter_dir() / "adapter_model.safetensors").keys()
     with torch.random.fork_rng():
         torch.manual_seed(7)
         base = TwoLayer(30, 2)
-    loaded = PeftModel.from_pretrained(base, str(adapter_dir(run))).eval()
+    loaded = PeftModel.from_pretrained(base, str(run.adapter_dir())).eval()
     trained = lora_mlp_with(b)
     x = torch.randn(5, 30)
     assert torch.equal(loaded(x), trained(x))

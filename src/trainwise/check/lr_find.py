@@ -29,9 +29,8 @@ from torch.utils.data import Dataset
 from trainwise.rundir.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
 from trainwise.config import RunConfig
 from trainwise.data.loader import LoaderSettings, build_loader
-from trainwise.diagnose.lr_curve import (MAX_STEPS, MIN_STEPS, READ_EVERY, LrFindResult, SweepSettings,  # noqa: F401
-                                        curve_note, default_steps, divergence_index, finite_json, lr_at, render_png,
-                                        smooth, suggest_lr)
+from trainwise.diagnose.lr_curve import (READ_EVERY, LrFindResult, SweepSettings, curve_note, default_steps,
+                                        divergence_index, finite_json, lr_at, render_png, smooth, suggest_lr)
 from trainwise.errors import ConfigError, DataError, RunDirError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 
 if TYPE_CHECKING:
     from trainwise.train.step import TrainStep

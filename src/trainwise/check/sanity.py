@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trainwise.config import RunConfig
-from trainwise.diagnose.findings import Finding, worst_first
+from trainwise.findings import Finding, worst_first
 from trainwise.diagnose.sanity_data import SplitData, data_findings
 from trainwise.check.overfit_one_batch import probe_step
 

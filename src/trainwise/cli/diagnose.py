@@ -146,9 +146,10 @@ def lr_find(
     divided by 10, with the override to use. Writes lr_find.json (the curve) and lr_find.png into --out;
     nothing else. Exit 2 on bad input (a non-empty --out, a recipe without a loss), with nothing written."""
     from trainwise.check import lr_find as finder
+    from trainwise.diagnose import lr_curve
     from trainwise.recipes import load_recipe
 
-    settings = finder.SweepSettings(min_lr=min_lr, max_lr=max_lr, steps=steps)
+    settings = lr_curve.SweepSettings(min_lr=min_lr, max_lr=max_lr, steps=steps)
     settings.check()
     config = load_recipe(recipe, overrides or [])
     finder.refuse_out_dir(out, overwrite=overwrite, config=config)  # fail fast, before the sweep

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-GiB = 2**30
+from trainwise.cli.plan_units import bytes_text, duration_text, flops_text, money_text
 
 
 def register(app: typer.Typer) -> None:
@@ -120,28 +119,29 @@ def print_report(report, console: Console) -> None:
     console.print(f"{counts}, batch {job['batch_size']} "
                   f"(micro-batch {job['micro_batch_size']} × {job['accumulation_steps']}{_per_rank(job)}), "
                   f"{job['total_steps']:,} steps ({job['steps_per_epoch']} per epoch), {job['precision_planned']}, "
-                  f"{job['optimizer']}; {_flops(data['flops_per_optimizer_step'])} per step.")
-    parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}" for name, value in cuda["breakdown_bytes"].items())
+                  f"{job['optimizer']}; {flops_text(data['flops_per_optimizer_step'])} per step.")
+    parts = ", ".join(f"{name.replace('_', ' ')} {bytes_text(value)}"
+                      for name, value in cuda["breakdown_bytes"].items())
     console.print(f"Peak of one training step on a GPU (traced, micro-batch {cuda['micro_batch_size']}): "
-                  f"[bold]{_bytes(cuda['peak_bytes'])}[/] = {parts}; "
-                  f"+{_bytes(cuda['per_sample_bytes'])} per extra sample; plus CUDA context and "
+                  f"[bold]{bytes_text(cuda['peak_bytes'])}[/] = {parts}; "
+                  f"+{bytes_text(cuda['per_sample_bytes'])} per extra sample; plus CUDA context and "
                   "library workspaces per card.")
     _print_cards(advice, console)
     cpu = next(r for r in advice.rows if r.kind == "cpu")
     console.print(f"[dim]this machine: {report.machine['cpu_model']}, {report.machine['torch_threads']} torch "
-                  f"threads, {_bytes(report.machine['ram_available_bytes'])} RAM available; "
-                  f"{_duration(cpu.step_time_s / 3600)} per step"
+                  f"threads, {bytes_text(report.machine['ram_available_bytes'])} RAM available; "
+                  f"{duration_text(cpu.step_time_s / 3600)} per step"
                   f"{' measured' if cpu.measured else ' estimated (--probe measures it)'}.[/]")
     for title, row in (("Cheapest", _cheapest_shown(advice)), ("Fastest", advice.fastest)):
         if row:
             console.print(f"{title}: [bold]{row.cards}× {row.name}[/] ({row.offer['provider']} "
-                          f"{row.offer['instance']}, {row.offer['region']}): {_duration(row.offer['hours'])}, "
-                          f"{_money(row.cost_on_demand)} {advice.currency} on demand.")
+                          f"{row.offer['instance']}, {row.offer['region']}): {duration_text(row.offer['hours'])}, "
+                          f"{money_text(row.cost_on_demand)} {advice.currency} on demand.")
     _print_strategies(report.strategies, console)
     for message in advice.messages + data["notes"]:
         console.print(message)
-    console.print(f"Host RAM needed: {_bytes(advice.host_ram_bytes)}; disk for data and checkpoints: "
-                  f"{_bytes(advice.disk_bytes)}.")
+    console.print(f"Host RAM needed: {bytes_text(advice.host_ram_bytes)}; disk for data and checkpoints: "
+                  f"{bytes_text(advice.disk_bytes)}.")
     console.print(f"[dim]Prices are defaults to check (as of {data['prices']['as_of']}): verify them on each "
                   "provider's page, or pass your own with --prices FILE.[/]")
 
@@ -181,61 +181,25 @@ def _cells(row, currency: str) -> dict[str, str]:
     if offer:
         where = f"{offer['provider']} {offer['instance']}"
         if offer["gpus"] != row.cards:
-            where += f" ({offer['gpus']} GPUs: {_duration(offer['hours'])})"
+            where += f" ({offer['gpus']} GPUs: {duration_text(offer['hours'])})"
     return {
         "name": name, "fits": "[green]yes[/]" if row.fits else "[red]no[/]",
-        "memory": f"{_bytes(row.needed_bytes)} / {_bytes(row.memory_bytes)}",
+        "memory": f"{bytes_text(row.needed_bytes)} / {bytes_text(row.memory_bytes)}",
         "batch": f"{row.micro_batch_size} × {row.accumulation_steps}" if row.fits else f"max {row.max_micro_batch}",
-        "epoch": _duration(row.epoch_hours) if row.fits else "—",
-        "total": (_duration(row.total_hours) + (" (measured)" if row.measured else "")) if row.fits else "—",
-        "costs": " / ".join(_money(v) for v in (row.cost_on_demand, row.cost_spot, row.cost_monthly)),
-        "on_demand": _money(row.cost_on_demand),
-        "spot_month": f"spot {_money(row.cost_spot)}, month {_money(row.cost_monthly)}",
+        "epoch": duration_text(row.epoch_hours) if row.fits else "—",
+        "total": (duration_text(row.total_hours) + (" (measured)" if row.measured else "")) if row.fits else "—",
+        "costs": " / ".join(money_text(v) for v in (row.cost_on_demand, row.cost_spot, row.cost_monthly)),
+        "on_demand": money_text(row.cost_on_demand),
+        "spot_month": f"spot {money_text(row.cost_spot)}, month {money_text(row.cost_monthly)}",
         "offer": where,
     }
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _flops(n: float) -> str:
-    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if n >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} FLOP"
-
-
-def _duration(hours: float) -> str:
-    seconds = hours * 3600
-    if seconds < 1:
-        return f"{seconds * 1000:.1f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if hours < 2:
-        return f"{seconds / 60:.0f} min"
-    if hours < 48:
-        return f"{hours:.1f} h"
-    return f"{hours / 24:.1f} days"
-
-
-def _money(value: float | None) -> str:
-    """Two decimals; below a cent, two significant digits (0.00043), so cheap options still compare."""
-    if value is None:
-        return "—"
-    if 0 < value < 0.01:
-        return f"{value:.{1 - math.floor(math.log10(value))}f}"
-    return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"
 
 
 def _cheapest_shown(advice):
     """The cheapest option, named only when it is cheaper as shown than another priced option: with one
     priced option, or all costing the same to the shown digit, none is "cheapest"."""
     row = advice.cheapest
-    shown = {_money(r.cost_on_demand) for r in advice.rows + advice.multi_gpu
+    shown = {money_text(r.cost_on_demand) for r in advice.rows + advice.multi_gpu
              if r.fits and r.cost_on_demand is not None}
     return row if row is not None and len(shown) > 1 else None
 
@@ -250,7 +214,7 @@ def _print_strategies(plans, console: Console) -> None:
         return
     console.print(f"With {plans[0].ranks} ranks per node (per-rank memory, micro-batch):")
     for plan in plans:
-        cells = "; ".join(f"{strategy.upper()} {_bytes(row.needed_bytes)}"
+        cells = "; ".join(f"{strategy.upper()} {bytes_text(row.needed_bytes)}"
                           f"{f' (micro-batch {row.micro_batch_size})' if row.fits else ' does not fit'}"
                           for strategy, row in plan.rows.items())
         pick = f"[bold]{plan.recommended}[/]" if plan.recommended else "[red]neither[/]"

@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from trainwise.cli.plan_units import bytes_text, duration_text, flops_text, money_text
+
 GiB = 2**30
 
 
@@ -59,11 +61,6 @@ def _show(report, as_json: bool) -> None:
         print_lm_report(report, Console())
 
 
-def _bytes(n: float) -> str:
-    from trainwise.cli.plan import _bytes as fmt
-    return fmt(n)
-
-
 def print_lm_report(report, console: Console) -> None:
     data, job = report.to_dict(), report.estimate.job
     params, peak = data["parameters"], data["peak"]
@@ -74,18 +71,21 @@ def print_lm_report(report, console: Console) -> None:
                           f"loss in chunks of {job.loss_chunk_size}" if job.loss_chunk_size else "") if x]
     console.print(f"[bold]{params['total']:,}[/] parameters, [bold]{params['trainable']:,}[/] trainable "
                   f"({share:.2%}); {job.optimizer}{''.join(', ' + x for x in extras)}; batch {job.batch_size} × "
-                  f"{job.seq_len:,} tokens; {_flops(data['flops_per_step'])} per optimizer step.", highlight=False)
-    parts = ", ".join(f"{name.replace('_', ' ')} {_bytes(value)}"
+                  f"{job.seq_len:,} tokens; {flops_text(data['flops_per_step'])} per optimizer step.", highlight=False)
+    parts = ", ".join(f"{name.replace('_', ' ')} {bytes_text(value)}"
                       for name, value in sorted(peak["breakdown_bytes"].items(), key=lambda kv: -kv[1]) if value)
     console.print(f"Peak of one training step (traced, micro-batch {peak['micro_batch_size']}): "
-                  f"[bold]{_bytes(peak['bytes'])}[/], in the {peak['where'] or 'step'} = {parts}.", highlight=False)
-    console.print(f"Each extra token of context: +{_bytes(data['per_extra_token_bytes'])} at micro-batch {job.micro} "
-                  f"(traced at {job.seq_len:,} and {2 * job.seq_len:,} tokens); each extra sequence per micro-batch: "
-                  f"+{_bytes(data['per_extra_sequence_bytes'])}.", highlight=False)
+                  f"[bold]{bytes_text(peak['bytes'])}[/], in the {peak['where'] or 'step'} = {parts}.",
+                  highlight=False)
+    console.print(f"Each extra token of context: +{bytes_text(data['per_extra_token_bytes'])} at micro-batch "
+                  f"{job.micro} (traced at {job.seq_len:,} and {2 * job.seq_len:,} tokens); each extra sequence per "
+                  "micro-batch: "
+                  f"+{bytes_text(data['per_extra_sequence_bytes'])}.", highlight=False)
     _print_layouts(report, console)
     ram = data["host_ram_bytes"]
-    console.print(f"Host RAM: {_bytes(sum(ram.values()))} (" + "; ".join(f"{k} {_bytes(v)}" for k, v in ram.items())
-                  + f"); with CPU offload another {_bytes(data['offload_host_ram_bytes'])}.", highlight=False)
+    console.print(f"Host RAM: {bytes_text(sum(ram.values()))} ("
+                  + "; ".join(f"{k} {bytes_text(v)}" for k, v in ram.items())
+                  + f"); with CPU offload another {bytes_text(data['offload_host_ram_bytes'])}.", highlight=False)
     _print_levers(report, console)
     for note in data["notes"]:
         console.print(note, highlight=False)
@@ -123,7 +123,7 @@ def _print_layouts(report, console: Console) -> None:
         by_card.setdefault(layout.card, []).append(layout)
     for card, rows in by_card.items():
         fp16 = " (fp16 autocast + loss scaling: no bf16)" if rows[0].precision == "fp16" else ""
-        console.print(f"  {card} ({_bytes(rows[0].memory_bytes)}){fp16}:", highlight=False)
+        console.print(f"  {card} ({bytes_text(rows[0].memory_bytes)}){fp16}:", highlight=False)
         for row in rows:
             console.print(f"    {_layout_line(row)}", highlight=False)
 
@@ -134,34 +134,19 @@ MFU_TEXT = "40% of the card's peak FLOP/s (model FLOPs utilisation, PaLM paper T
 def _layout_line(row) -> str:
     name = "1 card" if row.cards == 1 else (f"FSDP ×{row.cards}" + (" + CPU offload"
                                                                     if "offload" in row.strategy else ""))
-    memory = f"needs {_bytes(row.needed_bytes)} of {_bytes(row.usable_bytes)} usable"
+    memory = f"needs {bytes_text(row.needed_bytes)} of {bytes_text(row.usable_bytes)} usable"
     if not row.fits:
         short = row.needed_bytes - row.usable_bytes
-        return f"{name}: [red]no[/] — {memory} per card, {_bytes(short)} short"
+        return f"{name}: [red]no[/] — {memory} per card, {bytes_text(short)} short"
     cost = ""
     if row.price_per_hour is not None:
-        cost = f"; {_money(row.price_per_hour)}/h ({_money(row.price_per_card_hour)} per card, {row.offer})"
+        cost = f"; {money_text(row.price_per_hour)}/h ({money_text(row.price_per_card_hour)} per card, {row.offer})"
         if row.run_cost is not None:
-            cost += f"; the run: {_hours(row.run_hours)}, {_money(row.run_cost)}"
+            cost += f"; the run: {duration_text(row.run_hours)}, {money_text(row.run_cost)}"
     elif row.run_hours is not None:
-        cost = f"; the run: {_hours(row.run_hours)} (no price listed)"
+        cost = f"; the run: {duration_text(row.run_hours)} (no price listed)"
     return (f"{name}: [green]fits[/], micro-batch {row.micro_batch_size}, {row.step_time_s:.2f} s/step "
             f"({row.tokens_per_s:,.0f} tokens/s, {row.bound}-bound); {memory} per card{cost}")
-
-
-def _money(value: float) -> str:
-    from trainwise.cli.plan import _money as fmt
-    return fmt(value)
-
-
-def _hours(hours: float) -> str:
-    from trainwise.cli.plan import _duration
-    return _duration(hours)
-
-
-def _flops(n: float) -> str:
-    from trainwise.cli.plan import _flops as fmt
-    return fmt(n)
 
 
 def _print_levers(report, console: Console) -> None:
@@ -173,10 +158,10 @@ def _print_levers(report, console: Console) -> None:
     for index, lever in enumerate(advice.levers, 1):
         where = f"fits {', '.join(lever.fits)}" if lever.fits else "fits none of these cards alone"
         note = " — changes the job" if lever.changes_job else ""
-        console.print(f"  {index}. {lever.name} ({lever.how}): peak {_bytes(lever.peak_bytes)}"
+        console.print(f"  {index}. {lever.name} ({lever.how}): peak {bytes_text(lever.peak_bytes)}"
                       f"{' per card' if lever.name.startswith('FSDP') else ''}, step time ×{lever.slowdown:.2f}; "
                       f"{where}{note}", highlight=False)
     if advice.combined:
         console.print(f"  Together: {advice.combined.name} ({advice.combined.how}): peak "
-                      f"{_bytes(advice.combined.peak_bytes)}, step time ×{advice.combined.slowdown:.2f}, fits "
+                      f"{bytes_text(advice.combined.peak_bytes)}, step time ×{advice.combined.slowdown:.2f}, fits "
                       f"{', '.join(advice.combined.fits)}.", highlight=False)

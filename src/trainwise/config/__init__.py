@@ -1,7 +1,8 @@
 """Foundation: the run's config. `schema.py` is the typed schema (a section per concern, a description on every
 field, data only); `load.py` reads recipes and dotted overrides; `messages.py` says what is wrong with a
 config; `diff.py` compares configs (resume, compare); `derived.py` owns the numbers derived from one
-(accumulation steps, warmup steps, which way a metric improves). It imports no room.
+(accumulation steps, warmup steps, which way a metric improves); `labels.py` the label value that carries
+no loss (IGNORE_INDEX). It imports no room.
 
     from trainwise.config import RunConfig, load_config
 """

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainwise.config.labels import IGNORE_INDEX
 from trainwise.errors import ConfigError
 
-IGNORE_INDEX = -100  # a target that carries no loss (torch's cross-entropy and transformers use it)
 MicroBatch = tuple[torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
 MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask", "document_lengths")
 # FlashAttention's variable-length kernel: the documents' cumulative starts and the longest, known on the host

@@ -17,7 +17,7 @@ from trainwise.data.shards import PROGRESS, SPLITS, write_shard
 from trainwise.rundir.atomic import atomic_write_text
 
 if TYPE_CHECKING:
-    from trainwise.data.prepare import PrepareOptions
+    from trainwise.data.prepare_options import PrepareOptions
 
 SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
 Progress = Callable[[int, int], None]  # (shards done, shards in all), after each shard

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from trainwise.data.prepare import PrepareOptions
+    from trainwise.data.prepare_options import PrepareOptions
 
 
 def split_codes(labels: np.ndarray | None, n: int, options: "PrepareOptions") -> np.ndarray:

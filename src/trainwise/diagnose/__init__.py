@@ -9,7 +9,7 @@ trainwise.check.
 from typing import Any
 
 from trainwise.diagnose.explain import CATEGORIES, explain
-from trainwise.diagnose.findings import Finding, worst, worst_first
+from trainwise.findings import Finding, worst, worst_first
 
 # lazy: `trainwise --help` should not pay for NumPy and the run directory
 _LAZY = {"diagnose_run": "run_rules", "live_findings": "run_rules"}

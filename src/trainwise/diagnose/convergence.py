@@ -14,7 +14,7 @@ import numpy as np
 
 from trainwise.diagnose.task_profile import TaskProfile
 from trainwise.diagnose.curves import Points, loss_drop, series, value_at
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 
 # Logged train losses after warmup needed before calling a trend: fewer are a few noisy batches.
 MIN_POINTS = 6

@@ -20,7 +20,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 from trainwise.diagnose.rules import ENVIRONMENT_RULES, Rule, Variant
 from trainwise.diagnose.rules_compute import COMPUTE_RULES
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from trainwise.config import TelemetryConfig
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 from trainwise.telemetry.alerts import temperature_level, throttle_level
 
 SEVERITY = {"warning": "warn", "error": "error", "info": "info"}  # telemetry's words -> the Finding's

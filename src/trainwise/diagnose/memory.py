@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 from trainwise.diagnose.hardware import gpus_of
 
 MIB = 2**20

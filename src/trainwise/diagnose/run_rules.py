@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 from trainwise.config import RunConfig, TelemetryConfig, warmup_steps
+from trainwise.diagnose.curve_analysis import analyse_curves
 from trainwise.diagnose.task_profile import TaskProfile
-from trainwise.diagnose.curves import analyse_curves
-from trainwise.diagnose.findings import Finding, worst_first
+from trainwise.findings import Finding, worst_first
 from trainwise.diagnose.hardware import hardware_findings
 from trainwise.diagnose.memory import memory_findings
 from trainwise.diagnose.throughput import throughput_findings

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainwise.diagnose.findings import Finding
+from trainwise.config.labels import IGNORE_INDEX
+from trainwise.findings import Finding
 
 # Majority/minority class count in train at or above this is extreme: a model can ignore the minority
 # class and still score high accuracy (1:20 is where resampling or class weights become necessary).
@@ -29,7 +30,6 @@ MAX_FEATURE_SCALE = 100.0
 LEAKAGE_ERROR_SHARE = 0.05
 SHOWN = 5  # indices quoted in evidence
 SHOWN_CLASSES = 10  # classes per split quoted in the label distribution's text (the evidence has them all)
-IGNORE_INDEX = -100  # torch's cross-entropy default: a target that carries no loss (padding)
 # In id-sequence data, more classes than this means the label is itself an id (the next item): its
 # distribution is the items' popularity, a long tail by nature, not an imbalance to correct.
 ID_LABELS_ABOVE = 100

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trainwise.config import RunConfig, TelemetryConfig
-from trainwise.diagnose.findings import Finding
+from trainwise.findings import Finding
 from trainwise.diagnose.hardware import gpus_of
 from trainwise.telemetry.alerts import STARVED_LOGS_IN_A_ROW, is_starved
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-_EXPORTS = {"evaluate_run": "run_eval", "read_eval": "run_eval", "write_report": "report",
-            "compare_runs": "compare", "ablate": "ablate", "analyse_curves": "curves"}
+_EXPORTS = {"evaluate_run": "evaluate.run_eval", "read_eval": "evaluate.run_eval", "write_report": "evaluate.report",
+            "compare_runs": "evaluate.compare", "ablate": "evaluate.ablate",
+            "analyse_curves": "diagnose.curve_analysis"}  # the curve rules are diagnose's; evaluation reads them
 
 
 def __getattr__(name: str) -> Any:
@@ -17,7 +18,7 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         import importlib
 
-        return getattr(importlib.import_module(f"trainwise.evaluate.{_EXPORTS[name]}"), name)
+        return getattr(importlib.import_module(f"trainwise.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'trainwise.evaluate' has no attribute {name!r}")
 
 

@@ -17,7 +17,8 @@ from typing import Any, Literal
 from trainwise.rundir.atomic import atomic_write_text
 from trainwise.errors import ConfigError, RunDirWarning, TrainwiseError
 from trainwise.diagnose.run_rules import RunFacts, diagnose
-from trainwise.evaluate.curves import CurveAnalysis, best_point
+from trainwise.diagnose.curve_analysis import CurveAnalysis
+from trainwise.diagnose.curves import best_point
 from trainwise.evaluate.calibration import calibration_verdict
 from trainwise.evaluate.report_charts import encoded_figures
 from trainwise.evaluate.report_lm import language_model_section

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from trainwise.evaluate.curves import series
+from trainwise.diagnose.curves import series
 
 _NOT_METRICS = {"step", "epoch", "time", "split", "loss", "tokens"}  # tokens: what a text split counted
 # telemetry charts: (title, y-axis label, {sample field: its legend, in the user's words}, scale from the

@@ -25,7 +25,8 @@ from trainwise.config.derived import micro_batch_sizes
 from trainwise.plan.advise import (ALLOCATOR_SLACK_BYTES, CUBLAS_32MIB_MAJORS, CUBLAS_WORKSPACE_BYTES,
                                    CUDNN_WORKSPACE_BYTES, SAFETY_MARGIN)
 from trainwise.plan.job import estimate_job, job_from_config
-from trainwise.plan.memory import TrainingStep, build_train_step
+from trainwise.plan.memory import build_train_step
+from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import host_batches
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision

@@ -193,6 +193,16 @@ def find_gpus(gpus: tuple[Gpu, ...], names: list[str]) -> tuple[Gpu, ...]:
     return tuple(chosen)
 
 
+def device_card(device_name: str, gpus: tuple[Gpu, ...]) -> Gpu | None:
+    """The catalog entry for a name such as 'NVIDIA H100 80GB HBM3' (longest catalog name it contains)."""
+    name = _key(device_name)
+    matches = [g for g in gpus if _key(g.name) in name or name in _key(g.name)]
+    if not matches:
+        stem = [g for g in gpus if _key(g.name).split("gb")[0][:4] == name[:4]]
+        matches = stem
+    return max(matches, key=lambda g: len(g.name), default=None)
+
+
 # Names people type for a card that are neither its catalog name nor a prefix of it (keys as `_key` makes).
 _ALIASES = {"h100sxm5": "H100 SXM", "h100nvlink": "H100 SXM", "h200sxm": "H200", "b200sxm": "B200",
             "a10g24gb": "A10G", "tesla4": "T4", "teslat4": "T4"}

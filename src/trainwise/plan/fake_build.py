@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from trainwise.plan.memory import TrainingStep
+    from trainwise.plan.traced_step import TrainingStep
 
 
 def build_on_meta(step: "TrainingStep") -> nn.Module:

@@ -13,8 +13,9 @@ import torch
 
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
-from trainwise.plan.advise import Estimates, PeakCurve
-from trainwise.plan.memory import DeviceKind, StepTrace, TrainingStep, trace_step
+from trainwise.plan.estimates import Estimates, PeakCurve
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import DeviceKind, StepTrace, TrainingStep
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from trainwise.plan import advise as rules
 from trainwise.plan.catalog import Gpu, PriceList
+from trainwise.plan.estimates import Estimates
 from trainwise.plan.llm_plan import LmEstimate, advice_estimates
 from trainwise.plan.llm_step import LmJob
 from trainwise.plan.llm_time import StepWork, layout_price, step_seconds
 from trainwise.plan.timing import TRAFFIC_PER_BYTE_WRITTEN
-from trainwise.plan.memory import StepTrace
+from trainwise.plan.traced_step import StepTrace
 
 LAYOUT_CARDS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -141,7 +142,7 @@ def timed(est: LmEstimate, gpu: Gpu, cards: int, strategy: str, needed: int, fit
                   price.offer if price else "", hours, price.run if price else None)
 
 
-def offloaded(est: LmEstimate, inputs: rules.Estimates, gpu: Gpu, cards: int, prices: PriceList | None,
+def offloaded(est: LmEstimate, inputs: Estimates, gpu: Gpu, cards: int, prices: PriceList | None,
               currency: str, steps: int | None) -> Layout:
     """FSDP with CPU offload: parameters, gradients and optimizer state live in host RAM; a card holds the
     activations and the units being gathered (two at a time)."""

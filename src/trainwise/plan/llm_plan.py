@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from trainwise.llm import hf, methods
-from trainwise.plan.advise import Estimates, PeakCurve
+from trainwise.plan.allocation_tracker import REGIONS
+from trainwise.plan.estimates import Estimates, PeakCurve
 from trainwise.plan.job import traced_sizes
 from trainwise.plan.llm_step import LmJob, build_lm, lm_step
-from trainwise.plan.memory import DeviceKind, StepTrace, trace_step
-from trainwise.plan.step_phases import REGIONS
+from trainwise.plan.memory import trace_step
+from trainwise.plan.traced_step import DeviceKind, StepTrace
 
 LINEAR_INT_FIELDS = ("micro_batch_peak_bytes", "optimizer_peak_bytes", "parameter_count",
                      "parameter_bytes", "optimizer_state_bytes", "micro_batch_flops", "micro_batch_bytes_written",

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from trainwise.llm import hf, methods
-from trainwise.plan.memory import DeviceKind, TrainingStep
+from trainwise.plan.traced_step import DeviceKind, TrainingStep
 
 NF4_BLOCK, ABSMAX_BLOCK = 64, 256  # bitsandbytes NF4: one absmax per 64 weights, double-quantised per 256
 

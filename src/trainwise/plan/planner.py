@@ -11,7 +11,7 @@ from pathlib import Path
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan import advise as advice_rules
-from trainwise.plan.catalog import Gpu, _key, find_gpus, load_gpus, prices_in
+from trainwise.plan.catalog import Gpu, _key, device_card, find_gpus, load_gpus, prices_in
 from trainwise.plan.job import JobEstimate, advice_inputs, estimate_job, job_from_config
 from trainwise.plan.probe import read_machine
 
@@ -118,7 +118,7 @@ def cpu_workspace_notes(estimate: JobEstimate) -> list[str]:
     """What the CPU memory figures bound from above instead of measuring (workspaces.py), said once."""
     import torch
 
-    from trainwise.plan.workspaces import probe_threads
+    from trainwise.plan.kernel_bounds import probe_threads
 
     model = estimate.memory.get("cpu")
     if model is None:
@@ -156,7 +156,7 @@ def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...])
     if device.type == "cuda":
         import torch
 
-        card = _catalog_card(torch.cuda.get_device_name(device), gpus)
+        card = device_card(torch.cuda.get_device_name(device), gpus)
         if card is not None:
             predicted = advice_rules.plan_card(advice_inputs(estimate), card, advice_rules.Options()).step_time_s
             calibration = result["step_time_s"] / predicted
@@ -168,18 +168,8 @@ def _probe(config: RunConfig, job, estimate: JobEstimate, gpus: tuple[Gpu, ...])
 def device_peak_flops(device_name: str, precision: str, tf32: bool = True) -> float | None:
     """The catalogue's dense peak (FLOP/s) of a CUDA device by its name, for a precision; None when the
     catalogue does not know the card (the MFU of a run on it is then not reported)."""
-    card = _catalog_card(device_name, load_gpus())
+    card = device_card(device_name, load_gpus())
     return card.peak_tflops(precision, tf32) * 1e12 if card is not None else None
-
-
-def _catalog_card(device_name: str, gpus: tuple[Gpu, ...]) -> Gpu | None:
-    """The catalog entry for a name such as 'NVIDIA H100 80GB HBM3' (longest catalog name it contains)."""
-    name = _key(device_name)
-    matches = [g for g in gpus if _key(g.name) in name or name in _key(g.name)]
-    if not matches:
-        stem = [g for g in gpus if _key(g.name).split("gb")[0][:4] == name[:4]]
-        matches = stem
-    return max(matches, key=lambda g: len(g.name), default=None)
 
 
 def _mark_present_gpu(advice: advice_rules.Advice, machine: dict, probe: dict | None) -> None:

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import torch
 
-from trainwise.plan.memory import TrainingStep, build_train_step, make_batch
-from trainwise.plan.workspaces import probe_threads, quiet_stderr, threads
+from trainwise.plan.fake_build import make_batch
+from trainwise.plan.kernel_bounds import probe_threads, threads
+from trainwise.plan.memory import build_train_step
+from trainwise.plan.traced_step import TrainingStep
+from trainwise.plan.workspaces import quiet_stderr
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,10 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-if TYPE_CHECKING:
-    from trainwise.plan.memory import AllocationTracker
-    from trainwise.train.step import TrainStep
+from trainwise.plan.allocation_tracker import BELOW, BLOCKS, FORWARD, HEAD, AllocationTracker
 
-FORWARD, HEAD, BLOCKS, BELOW = ("forward", "backward of the head", "backward of the blocks",
-                                "backward below the blocks")
-REGIONS = (FORWARD, HEAD, BLOCKS, BELOW)
+if TYPE_CHECKING:
+    from trainwise.train.step import TrainStep
 
 
 def label_gradients(tracker: "AllocationTracker", parameters: list[nn.Parameter]) -> None:
@@ -65,14 +62,6 @@ def run_labelled(tracker: "AllocationTracker", train_step: "TrainStep", computed
         for handle in (*handles, pre, post):
             handle.remove()
         tracker.phase, tracker.region = "activations", ""
-
-
-def region_now(region: str) -> str:
-    """The region the step is in: backward starts with the head, whether or not a hook saw the model's output
-    (a Hugging Face model returns a ModelOutput, on which no tensor hook can be put)."""
-    if region == FORWARD and torch._C._current_graph_task_id() != -1:
-        return HEAD
-    return region
 
 
 def _enter(tracker: "AllocationTracker", region: str, phase: str | None = None) -> None:

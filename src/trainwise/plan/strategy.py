@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from trainwise.config import RunConfig
 from trainwise.plan import advise as advice_rules
-from trainwise.plan.catalog import Gpu, load_gpus
+from trainwise.plan.catalog import Gpu, device_card, load_gpus
+from trainwise.plan.estimates import Estimates
 from trainwise.plan.job import advice_inputs, estimate_job, job_from_config
 
 STRATEGIES = ("ddp", "fsdp")
@@ -33,7 +34,7 @@ class StrategyPlan:
                              for s, r in self.rows.items()}}
 
 
-def plan_strategies(estimates: advice_rules.Estimates, gpu: Gpu, ranks: int,
+def plan_strategies(estimates: Estimates, gpu: Gpu, ranks: int,
                     options: advice_rules.Options | None = None) -> StrategyPlan:
     options = options or advice_rules.Options()
     rows = {s: advice_rules.plan_card(estimates, gpu, options, ranks, s) for s in STRATEGIES}
@@ -62,9 +63,7 @@ def strategy_for(config: RunConfig, device_name: str, memory_bytes: int, ranks: 
 
 def local_card(device_name: str, memory_bytes: int) -> Gpu:
     """The catalog's entry for this card when it has one (its throughput); its real memory either way."""
-    from trainwise.plan.planner import _catalog_card
-
     gpus = load_gpus()
-    known = _catalog_card(device_name, gpus)
+    known = device_card(device_name, gpus)
     base = known or max(gpus, key=lambda g: g.memory_gib)
     return base.model_copy(update={"name": device_name, "memory_gib": memory_bytes / 2**30})

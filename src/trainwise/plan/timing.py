@@ -2,10 +2,7 @@
 overhead of eager PyTorch, from the traced FLOPs, bytes and op counts. Pure; constants say their source."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from trainwise.plan.advise import Estimates
+from trainwise.plan.estimates import Estimates
 
 # Share of peak tensor throughput eager PyTorch training reaches on large matmuls (model FLOPs utilisation
 # of 35-50% is what MFU reports give for well-shaped models; PaLM paper, Table 3). Replaced after --probe.

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from trainwise.plan.kernel_bounds import (LOW_PRECISION, cpu_im2col_workspace,  # noqa: F401
-                                          per_thread_columns_workspace, probe_threads, threads)
+from trainwise.plan.kernel_bounds import (LOW_PRECISION, cpu_im2col_workspace, per_thread_columns_workspace,
+                                          probe_threads, threads)
 
 aten = torch.ops.aten
 

@@ -16,17 +16,11 @@ from trainwise.rundir.atomic import atomic_write_directory
 if TYPE_CHECKING:
     from trainwise.rundir.layout import RunDir
 
-ADAPTER_DIR = "adapter"
-
-
-def adapter_dir(run: "RunDir") -> Path:
-    return run.path / ADAPTER_DIR
-
 
 def write_adapter(run: "RunDir", write: Callable[[Path], Any]) -> Path:
     """`write(tmp)` fills a fresh directory (peft's save_pretrained) that becomes RUN/adapter/ in one rename."""
     run.acquire_writer()
-    target = adapter_dir(run)
+    target = run.adapter_dir()
     try:
         written = atomic_write_directory(target, write)
     except OSError as error:

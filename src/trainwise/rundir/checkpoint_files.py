@@ -8,19 +8,31 @@ and for evaluation alike."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 from trainwise.errors import RunDirError
 from trainwise.rundir.atomic import atomic_link, atomic_write_digest
+from trainwise.rundir.checkpoint_dirs import CheckpointDirs
 from trainwise.rundir.integrity import CheckpointChoice, Ledger, disk_full_advice
-
-if TYPE_CHECKING:
-    from trainwise.rundir.layout import RunDir
 
 FORMAT_VERSION = 1
 
 
-def save(run: "RunDir", step: int, write, *, is_best: bool, keep_last: int) -> Path:
+class CheckpointRun(Protocol):
+    """What this module asks of a run directory (RunDir is one; layout.py, which spells the names, calls `save`
+    with itself, so this module does not import it)."""
+    path: Path
+
+    @property
+    def checksums_path(self) -> Path: ...
+    @property
+    def checkpoint_dirs(self) -> CheckpointDirs: ...
+    def checkpoint_path(self, name: Literal["last", "best"] | int) -> Path: ...
+    def step_checkpoints(self) -> list[tuple[int, Path]]: ...
+    def latest_intact_checkpoint(self) -> CheckpointChoice: ...
+
+
+def save(run: CheckpointRun, step: int, write, *, is_best: bool, keep_last: int) -> Path:
     """Write the checkpoint of `step` (`write(file)`, see checkpoint_writer) atomically with its checksum,
     point `last` (and `best`) at it, keep the newest `keep_last`."""
     advice = disk_full_advice(run.path)
@@ -67,7 +79,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict[str, Any]:
+def read_checkpoint_header(run_dir: CheckpointRun, path: Path, sharded: bool) -> dict[str, Any]:
     """A checkpoint's small entries (step, config, config_hash; a checkpoint from before config hashes has
     no `config`) without reading its tensors: the state file of a sharded checkpoint, or the file mapped."""
     import torch
@@ -84,7 +96,7 @@ def read_checkpoint_header(run_dir: "RunDir", path: Path, sharded: bool) -> dict
     return {key: state.get(key) for key in ("step", "config", "config_hash")}
 
 
-def resume_checkpoint(run_dir: "RunDir", *, sharded: bool) -> CheckpointChoice:
+def resume_checkpoint(run_dir: CheckpointRun, *, sharded: bool) -> CheckpointChoice:
     """The one rule for the checkpoint a resume continues from, asked by `trainwise resume` (to check the
     config before building anything) and by the engine's Checkpointer (to load it): `last`, or the newest step
     whose checksum verifies; for sharded runs, the newest complete directory. RunDirError when there is none

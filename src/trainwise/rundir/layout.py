@@ -10,7 +10,7 @@ directory alone, on another machine, after the fact.
       events.jsonl        {"step", "time", "kind", "severity", "message", "evidence"} per line
       system.jsonl        telemetry samples
       checkpoints/        step-<N>.pt (keep-N), last.pt, best.pt; sharded (fsdp): step-<N>/, last, best symlinks
-      model.safetensors   final weights (the best ones when early stopping restored them); format: weights.py
+      model.safetensors   final weights (the best ones when early stopping restored them); format: weights_format.py
       summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint; what
                           readers make of it (interrupted, still training): status.py
       eval/               metrics.json (latest), metrics-<split>.json (each split's latest),
@@ -19,6 +19,7 @@ directory alone, on another machine, after the fact.
       report.html         self-contained report (report.md with --format md)
       error.log           the full traceback of a run that failed
       tokenizer/          text runs: the tokenizer the data was made with, and the sequence length
+      adapter/            LoRA runs: the adapter in peft's format (adapter.py)
       tensorboard/        TensorBoard event files mirroring metrics.jsonl, when tensorboard is installed
       checksums.json      SHA-256 and size of each checkpoint and of the final weights (integrity.py)
       .lock               held by the one process writing the run; says which (lock.py)
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainwise.errors import RunDirError, RunDirWarning
-from trainwise.rundir import adapter as run_adapter, checkpoint_files
+from trainwise.rundir import checkpoint_files
 from trainwise.rundir import lock as run_lock, records as run_records, replace as run_replace, status as run_status
 from trainwise.rundir.atomic import atomic_write_digest, atomic_write_json, atomic_write_text, remove_temp_files
 from trainwise.rundir.checkpoint_dirs import SHARDED_STATE_FILE, CheckpointDirs, numbered
@@ -44,7 +45,7 @@ from trainwise.rundir.integrity import (CheckpointChoice, Ledger, check_loadable
                                         disk_full_advice, free_space_warning, load_weights_file, newest_intact)
 from trainwise.rundir.lock import Holder
 from trainwise.rundir.status import ReadStatus
-from trainwise.rundir.weights import safetensors_bytes
+from trainwise.rundir.weights_format import safetensors_bytes
 
 if TYPE_CHECKING:
     from trainwise.config import RunConfig
@@ -103,7 +104,7 @@ class RunDir:
         """The top-level names a run directory may hold: what --overwrite may replace."""
         run = RunDir(".")
         paths = [run.config_path, run.metrics_path, run.events_path, run.system_path, run.checkpoints_dir,
-                 run.model_path, run.path / run_adapter.ADAPTER_DIR, run.summary_path, run.eval_dir, run.lock_path,
+                 run.model_path, run.adapter_dir(), run.summary_path, run.eval_dir, run.lock_path,
                  run.report_path("html"), run.report_path("md"), run.tensorboard_dir(), *run.lr_find_paths,
                  run.error_log_path, run.checksums_path, run.tokenizer_dir()]
         return frozenset(path.name for path in paths)
@@ -176,6 +177,10 @@ class RunDir:
 
     def tokenizer_dir(self) -> Path:
         return self.path / "tokenizer"
+
+    def adapter_dir(self) -> Path:
+        """A LoRA run's adapter in peft's format (adapter_model.safetensors + adapter_config.json): adapter.py."""
+        return self.path / "adapter"
 
     @property
     def lr_find_paths(self) -> tuple[Path, Path]:
@@ -269,15 +274,8 @@ class RunDir:
     def log_metrics(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, {"time": time.time(), **record})
 
-    def log_event(
-        self,
-        kind: str,
-        message: str,
-        *,
-        severity: Severity = "info",
-        step: int | None = None,
-        evidence: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    def log_event(self, kind: str, message: str, *, severity: Severity = "info", step: int | None = None,
+                  evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         event = {"step": step, "time": time.time(), "kind": kind, "severity": severity,
                  "message": message, "evidence": evidence or {}}
         self._append(self.events_path, event)

@@ -8,12 +8,9 @@ turn non-finite and again whenever the set of them changes, so the report and `t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainwise.train.callbacks import Callback
-
-if TYPE_CHECKING:
-    from trainwise.train.trainer import Trainer
+from trainwise.train.callbacks import Callback, TrainerView
 
 _NOT_METRICS = frozenset({"split", "step", "epoch", "time"})
 
@@ -28,7 +25,7 @@ class NonFiniteValidation(Callback):
     def __init__(self) -> None:
         self._reported: tuple[str, ...] = ()
 
-    def on_eval(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+    def on_eval(self, trainer: TrainerView, record: dict[str, Any]) -> None:
         names = tuple(nonfinite_metrics(record))
         if not names or names == self._reported:
             self._reported = names

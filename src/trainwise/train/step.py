@@ -325,7 +325,7 @@ class TrainStep:
 @dataclass(frozen=True)
 class StepSettings:
     """What shapes a step besides its model and optimizer. A run's come from its config (`of`); the planner,
-    which traces steps of jobs that have no run config yet, gives its own (plan/memory.py TrainingStep)."""
+    which traces steps of jobs that have no run config yet, gives its own (plan/traced_step.py TrainingStep)."""
 
     precision: Precision = "fp32"
     task: str = "classification"

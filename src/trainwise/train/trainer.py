@@ -28,7 +28,8 @@ from trainwise.errors import RunDirWarning, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.train import checkpoint as ckpt
 from trainwise.train.cadence import Cadence
-from trainwise.train.callbacks import Callback, CallbackList, default_callbacks
+from trainwise.train.callbacks import Callback, CallbackList
+from trainwise.train.default_callbacks import default_callbacks
 from trainwise.runtime.device import resolve_device
 from trainwise.train.distributed import (FollowerRunDir, agree, init_distributed, peer_lost, reduce_log_record,
                                          resolve_strategy, resume_command, wrap_model)
