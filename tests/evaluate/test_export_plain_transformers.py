@@ -161,3 +161,24 @@ def test_the_byte_alphabet_is_the_one_tokenizers_uses():
     tokenizers = pytest.importorskip("tokenizers")
     assert set(byte_characters().values()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     assert byte_characters()[ord("A")] == "A" and byte_characters()[ord(" ")] == "Ġ"
+
+
+def test_a_model_directorys_tokenizer_keeps_a_pretrained_models_own_end_ids(tmp_path):
+    """SmolLM/Qwen-style: the tokenizer's eos, its end of text and the template's end of turn all stop; a
+    pretrained model's own ids stay where they are special tokens of its tokenizer, others are dropped."""
+    from types import SimpleNamespace
+
+    from tests.text.sft_tokenizers import write_hf_tokenizer_dir
+    from trainwise.text.chat_templates import choose_template
+    from trainwise.text.tokenizer import ModelTokenizer
+
+    tokenizer = ModelTokenizer.from_directory(write_hf_tokenizer_dir(tmp_path))
+    ids = {text: tokenizer.backend.convert_tokens_to_ids(text) for text in ("<|endoftext|>", "<|im_start|>",
+                                                                            "<|im_end|>", "<pad>")}
+    pretrained = SimpleNamespace(config=SimpleNamespace(bos_token_id=ids["<|im_start|>"], eos_token_id=9),
+                                 generation_config=SimpleNamespace(eos_token_id=[ids["<pad>"], 9]))
+    tokens = export_tokens(tokenizer, choose_template(None, tokenizer), pretrained)
+    assert tokens.eos == ids["<|endoftext|>"] and tokens.pad == ids["<pad>"] and tokens.bos == ids["<|im_start|>"]
+    assert tokens.stops == (ids["<|endoftext|>"], ids["<|im_end|>"], ids["<pad>"])  # 9 is no special token
+    plain_text = export_tokens(tokenizer, None, None)
+    assert plain_text.stops == (ids["<|endoftext|>"],) and plain_text.bos is None

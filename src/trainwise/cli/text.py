@@ -71,5 +71,7 @@ def export_command(
     console.print(f"exported {result['architecture']} to {result['directory']}: weights {result['weights']}; "
                   f"tokenizer: {result['tokenizer']}; {result['special_tokens']}; context {result['context']}.",
                   highlight=False, markup=False, soft_wrap=True)
+    for warning in result["warnings"]:
+        console.print(f"warning: {warning}", style="yellow", highlight=False, markup=False, soft_wrap=True)
     console.print(f"Load it with: transformers.AutoModelForCausalLM.from_pretrained({str(to)!r})", highlight=False,
                   soft_wrap=True)

@@ -37,7 +37,7 @@ def gpt2_config(model: GPT, positions: int | None = None) -> Any:
                                    n_embd=config.width, n_layer=config.layers, n_head=config.heads,
                                    activation_function="gelu_new", resid_pdrop=config.dropout,
                                    embd_pdrop=config.dropout, attn_pdrop=config.dropout, layer_norm_epsilon=1e-5,
-                                   tie_word_embeddings=True)
+                                   tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)  # the export's
 
 
 def gpt2_state_dict(model: GPT, positions: int | None = None) -> dict[str, torch.Tensor]:
@@ -93,7 +93,8 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
                           f"into the base model with `trainwise export {path} --merge --to {to}`.")
     template = saved_template(loaded.run.tokenizer_dir(), loaded.tokenizer)
     context = model_context(model)
-    tokens = export_tokens(loaded.tokenizer, template, model)
+    # a pretrained model's own end ids mean something (Llama 3's several); a random init's are its config's defaults
+    tokens = export_tokens(loaded.tokenizer, template, model if loaded.config.model.hf else None)
     own, positions = base_dtype(model), None
     if isinstance(model, GPT):
         positions = max(context, GPT2_POSITIONS)
@@ -113,7 +114,8 @@ def export_run(path: str | Path, to: str | Path, *, trust_code: bool = False, me
     partial.rename(to)
     return {"directory": str(to), "architecture": type(model).__name__, "tokenizer": tokenizer_note,
             "weights": precision_note, "special_tokens": tokens.describe(),
-            "context": context_note(context, loaded.spec.input_shape[0], positions)}
+            "context": context_note(context, loaded.spec.input_shape[0], positions),
+            "warnings": [tokens.warning] if tokens.warning else []}
 
 
 def model_context(model: Any) -> int:

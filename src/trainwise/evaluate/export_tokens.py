@@ -25,19 +25,18 @@ class ExportTokens:
     pad: int | None
     stops: tuple[int, ...]  # generation_config.json's eos_token_id: each id that ends a reply
     special: dict[str, int]  # the special tokens the exported tokenizer registers: text -> id
-    end_of_turn: str | None = None  # the chat template's end of turn, where it is one id
     warning: str = ""  # an end of turn that is several ids: transformers cannot stop at it
 
     def describe(self) -> str:
         names = {token_id: text for text, token_id in self.special.items()}
         stops = " or ".join(f"{names.get(i, '?')} ({i})" for i in self.stops)
-        line = f"generation stops at {stops}; bos {self.bos}, eos {self.eos}, pad {self.pad}"
-        return f"{line}. {self.warning}" if self.warning else line
+        return f"generation stops at {stops}; bos {self.bos}, eos {self.eos}, pad {self.pad}"
 
 
 def export_tokens(tokenizer: Tokenizer, template: Any, model: Any) -> ExportTokens:
     """The ids an export writes, from the run's tokenizer and chat template (None: plain text). With a model
-    directory's own tokenizer, the model's own end ids that are special tokens of it stay (Llama 3's several)."""
+    directory's own tokenizer, `model`'s (a pretrained one's; None: none) bos and end ids that are special tokens
+    of that tokenizer stay (Llama 3's several ends)."""
     special = special_tokens(tokenizer)
     end_text = tokenizer.separator_id
     bos = eos = pad = end_text
@@ -52,7 +51,7 @@ def export_tokens(tokenizer: Tokenizer, template: Any, model: Any) -> ExportToke
         eos, pad = tokenizer.eos_id, tokenizer.pad_id
     end_of_turn, warning = _end_of_turn(tokenizer, template, special)
     stops = tuple(dict.fromkeys(i for i in (eos, end_text, special.get(end_of_turn or ""), *kept) if i is not None))
-    return ExportTokens(bos, eos, pad, stops, special, end_of_turn, warning)
+    return ExportTokens(bos, eos, pad, stops, special, warning)
 
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
