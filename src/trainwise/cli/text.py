@@ -68,8 +68,10 @@ def export_command(
     from trainwise.evaluate.export import export_run
 
     result = export_run(run_dir, to, trust_code=trust_code, merge=merge, merge_in=merge_in, dtype=dtype)
-    console.print(f"exported {result['architecture']} to {result['directory']}; weights {result['weights']}; "
-                  f"tokenizer {result['tokenizer']}",
-                  highlight=False, soft_wrap=True)
+    console.print(f"exported {result['architecture']} to {result['directory']}: weights {result['weights']}; "
+                  f"tokenizer: {result['tokenizer']}; {result['special_tokens']}; context {result['context']}.",
+                  highlight=False, markup=False, soft_wrap=True)
+    for warning in result["warnings"]:
+        console.print(f"warning: {warning}", style="yellow", highlight=False, markup=False, soft_wrap=True)
     console.print(f"Load it with: transformers.AutoModelForCausalLM.from_pretrained({str(to)!r})", highlight=False,
                   soft_wrap=True)

@@ -54,6 +54,7 @@ class BuiltinTemplate:
     user_turn: str | None = None
     close_with_eos: bool = False
     jinja: str = ""  # the same template in Hugging Face's Jinja form, written into exported tokenizers
+    markers: tuple[str, ...] = ()  # its markup, one special id each in a BPE trained for it
 
     def _render_prompt_turn(self, message: dict[str, str]) -> str:
         pattern = {"system": self.system_turn, "user": self.user_turn}.get(message["role"]) or self.turn
@@ -85,13 +86,14 @@ class BuiltinTemplate:
 BUILTIN_TEMPLATES = {
     "chatml": BuiltinTemplate(
         name="chatml", turn="<|im_start|>{role}\n{content}<|im_end|>\n",
-        answer_open="<|im_start|>assistant\n", answer_close="<|im_end|>\n",
+        answer_open="<|im_start|>assistant\n", answer_close="<|im_end|>\n", markers=("<|im_start|>", "<|im_end|>"),
         jinja="{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
     "llama3": BuiltinTemplate(
         name="llama3", begin="<|begin_of_text|>",
         turn="<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
         answer_open="<|start_header_id|>assistant<|end_header_id|>\n\n", answer_close="<|eot_id|>",
+        markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
         jinja="<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
               "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
               "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),

@@ -152,10 +152,10 @@ def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None =
                                   f"JSONL, JSON or Parquet rows (chat data is read from those only): "
                                   f"{', '.join(ignored[:5])}{' ...' if len(ignored) > 5 else ''}"] if ignored else [])
     builtin = BUILTIN_TEMPLATES.get(instruct.template or "")
-    # a BPE trained here learns the template's markup too (`<|im_start|>` becomes one id, not ten)
+    # a BPE trained here learns the template's text, its markers as special ids (`<|im_end|>` one id, an eos)
     texts = ("".join(s.text for s in builtin.segments(c.as_messages())) if builtin else
              "\n".join(m["content"] for m in c.as_messages()) for c in read.conversations)
-    tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts)
+    tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts, builtin.markers if builtin else ())
     fields = prepare_instructions(read, to, tokenizer, instruct).fields
     fields["notes"] = notes + fields["notes"]
     return fields

@@ -118,8 +118,10 @@ class BpeTokenizer(Tokenizer):
         self.eos_id = self.pad_id = backend.token_to_id(END_OF_TEXT)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BpeTokenizer":
-        """Learn merges from `texts` (deterministic for the same texts and size)."""
+    def train(cls, texts: Iterable[str], vocab_size: int, markers: Sequence[str] = ()) -> "BpeTokenizer":
+        """Learn merges from `texts` (deterministic for the same texts and size). `markers`: a chat template's
+        markup (`<|im_start|>`, `<|im_end|>`), each one special id: merges never cross the byte-level
+        pre-tokenizer's splits at `<|`, so a marker learned as text stays ~5 ids and cannot be an eos."""
         if vocab_size < 258:
             raise ConfigError(f"--train-tokenizer {vocab_size}: a byte-level BPE needs at least 258 ids (256 bytes, "
                               "end of text and one merge); 8000 is a good size for a few MB of text.")
@@ -128,7 +130,7 @@ class BpeTokenizer(Tokenizer):
         backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = tokenizers.decoders.ByteLevel()
         trainer = tokenizers.trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=False,
+            vocab_size=vocab_size, special_tokens=[END_OF_TEXT, *markers], show_progress=False,
             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
         backend.train_from_iterator(texts, trainer=trainer)
         return cls(backend)
@@ -140,7 +142,8 @@ class BpeTokenizer(Tokenizer):
         return [encoding.ids for encoding in self.backend.encode_batch(list(texts))]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.backend.decode(list(ids))
+        # the end of text is dropped, a template's markers are kept (the text a reply is cut at)
+        return self.backend.decode([i for i in ids if i != self.eos_id], skip_special_tokens=False)
 
     def _identity(self) -> str:
         return self.backend.to_str()
@@ -250,15 +253,17 @@ def _bpe_backend(path: Path) -> Any:
                         "prepare the dataset again.") from None
 
 
-def resolve_tokenizer(spec: str | None, train_size: int | None, texts: Iterable[str] | None = None) -> Tokenizer:
-    """What `trainwise prepare` was asked for: `--train-tokenizer N` (a BPE trained on `texts`), `--tokenizer
-    bytes` (the default), or `--tokenizer DIR` (a model directory or a saved tokenizer)."""
+def resolve_tokenizer(spec: str | None, train_size: int | None, texts: Iterable[str] | None = None,
+                      markers: Sequence[str] = ()) -> Tokenizer:
+    """What `trainwise prepare` was asked for: `--train-tokenizer N` (a BPE trained on `texts`, with `markers`
+    as special ids), `--tokenizer bytes` (the default), or `--tokenizer DIR` (a model directory or a saved
+    tokenizer)."""
     if train_size is not None:
         if spec not in (None, "bytes"):
             raise ConfigError("--tokenizer and --train-tokenizer are exclusive: train a BPE, or use a given one.")
         if texts is None:
             raise ConfigError("--train-tokenizer needs the text to train on.")
-        return BpeTokenizer.train(texts, train_size)
+        return BpeTokenizer.train(texts, train_size, markers)
     if spec in (None, "bytes"):
         return ByteTokenizer()
     return load_tokenizer(spec)
