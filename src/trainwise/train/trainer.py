@@ -2,9 +2,8 @@
 Datasets. The batch contract (what a dataset yields, what the model and the loss receive) is data/batch.py's;
 `train.batch_size` samples make one optimizer step, fed as `batch_size / micro_batch_size` micro-batches.
 
-The loop never waits for the device between log steps: each step's loss, gradient norm and skip flag stay
-device tensors (train/step.py, train/health.py) and are read at log steps, evaluations and checkpoints —
-the "settle points", which are also where ranks agree on stopping.
+The loop never waits for the device between log steps: each step's loss, gradient norm and skip flag stay device
+tensors read at log steps, evaluations and checkpoints (the "settle points", where ranks also agree on stopping).
 """
 from __future__ import annotations
 
