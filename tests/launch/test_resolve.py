@@ -138,3 +138,15 @@ def test_the_planner_plans_an_unset_length_as_the_run_trains_it(prepared_text):
     job, notes = lm_job_from_config(config)
     assert job.seq_len == suggested and not any("not set" in note for note in notes)
     assert job.precision == "bf16"  # `auto` on the bf16 cards plans are made for: the runtime's one rule
+
+
+def test_a_config_that_leaves_a_setting_to_the_resolve_step_asks_for_the_recorded_run():
+    from trainwise.config.derived import as_recorded
+
+    asked = load_recipe("breast-cancer", ["train.micro_batch_size=auto"]).model_dump(mode="json")
+    recorded = resolve_run(load_recipe("breast-cancer", ["train.micro_batch_size=auto"])).config
+    recorded = recorded.model_dump(mode="json")
+    assert asked != recorded and as_recorded(asked, recorded) == recorded
+    # a setting the user gave is theirs: a different recorded value is a different run
+    given = load_recipe("breast-cancer", ["train.strategy=ddp"]).model_dump(mode="json")
+    assert as_recorded(given, recorded)["train"]["strategy"] == "ddp"

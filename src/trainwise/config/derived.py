@@ -70,3 +70,18 @@ def text_sequence_length(seq_len: int | None, manifest: Mapping[str, Any]) -> in
     if instruct:
         return int(instruct["seq_len"])
     return int((manifest.get("lengths") or {}).get("suggested_seq_len") or DEFAULT_TEXT_SEQ_LEN)
+
+
+# The settings launch/'s resolve step decides when they say `auto` (or are unset): config.yaml records the
+# decision. A config that leaves one of them open asks for the same run as a recorded config that holds any value.
+RESOLVED_SETTINGS = (("data", "seq_len"), ("train", "precision"), ("train", "strategy"),
+                     ("train", "micro_batch_size"), ("model", "attention"))
+
+
+def as_recorded(asked: dict[str, Any], recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """`asked` (a dumped config) with every setting it leaves to the resolve step taken from `recorded`, so the
+    two compare equal when they describe the same run."""
+    for section, key in RESOLVED_SETTINGS:
+        if asked.get(section, {}).get(key, "auto") in ("auto", None) and key in recorded.get(section, {}):
+            asked[section][key] = recorded[section][key]
+    return asked

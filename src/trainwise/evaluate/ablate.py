@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.config import RunConfig, metric_mode
+from trainwise.config.derived import as_recorded
 from trainwise.errors import ConfigError, RunDirError, TrainingError, TrainwiseError
 from trainwise.evaluate.ablation_stats import summarise_variants
 from trainwise.evaluate.run_eval import evaluate_run, read_eval
@@ -242,7 +243,7 @@ def default_workers(jobs: int) -> int:
 
 def _run_one(recipe: str, overrides: list[str], path: Path, *, split: str, log: Path,
              env: dict[str, str]) -> dict[str, Any]:
-    trained = _completed_with_config(path, _fingerprint(_config(recipe, overrides)))
+    trained = _completed_with_config(path, _config(recipe, overrides))
     needs_eval = split == "test"
     if trained and (not needs_eval or read_eval(RunDir(path), "test") is not None):
         return {"ok": True, "status": "completed", "reused": True}
@@ -267,11 +268,14 @@ def _run_one(recipe: str, overrides: list[str], path: Path, *, split: str, log: 
     return {"ok": status == "completed", "status": status, "reused": trained}
 
 
-def _completed_with_config(path: Path, fingerprint: str) -> bool:
-    """A finished run of exactly this config (the same recipe, overrides and seed) is already there."""
+def _completed_with_config(path: Path, config: RunConfig) -> bool:
+    """A finished run of exactly this config (the same recipe, overrides and seed) is already there: what the
+    resolve step decided for it (config.yaml's numbers for `auto`) counts as asked."""
     try:
         run = RunDir.open(path)
-        return run.read_summary().get("status") == "completed" and _fingerprint(run.read_config()) == fingerprint
+        recorded = run.read_config()
+        return (run.read_summary().get("status") == "completed"
+                and _fingerprint(recorded) == _fingerprint(config, recorded.model_dump(mode="json")))
     except (RunDirError, ConfigError, ValueError):
         return False
 
@@ -324,16 +328,16 @@ def _config(recipe: str, overrides: list[str]) -> RunConfig:
     return load_recipe(recipe, overrides)
 
 
-def _fingerprint(config: RunConfig) -> str:
+def _fingerprint(config: RunConfig, recorded: dict | None = None) -> str:
     """The config as it would run on this machine: `train.device` and `train.precision` resolved, so that
     precision=auto and precision=fp32 on a CPU (where auto is fp32) are one config, not two identical runs."""
     from trainwise.runtime.device import resolve_device
     from trainwise.runtime.precision import resolve_precision
 
-    dumped = config.model_dump(mode="json")
+    dumped = as_recorded(config.model_dump(mode="json"), recorded or {})
     try:
         device = resolve_device(config.train.device)
-        dumped["train"].update(device=device.type, precision=resolve_precision(config.train.precision, device))
+        dumped["train"].update(device=device.type, precision=resolve_precision(dumped["train"]["precision"], device))
     except TrainwiseError:
         pass  # a device or precision this machine cannot run: its run says why; compare it as written
     return repr(dumped)
