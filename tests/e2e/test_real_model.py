@@ -65,9 +65,9 @@ def test_fine_tune_a_real_instruct_model_from_its_gguf_file(tmp_path, capsys, mo
     evaluated = invoke(capsys, "eval", str(run))
     assert evaluated.returncode == 0, evaluated.stderr
     finetune = json.loads((run / "eval" / "metrics.json").read_text())["finetune"]
-    side = finetune["side_by_side"]
-    base_right = sum(row["base"].strip() == row["reference"].strip() for row in side)
-    assert finetune["exact_match"] >= 0.5 and finetune["exact_match"] * len(side) > base_right, finetune
+    assert finetune["exact_match"] >= 0.5 and finetune["exact_match"] > finetune["base_exact_match"], finetune
+    answers = (run / "eval" / "answers.jsonl").read_text().splitlines()
+    assert len(answers) == finetune["answers"] == finetune["held_out"]
 
     prompt = "copy: moon river bird"
     generated = invoke(capsys, "generate", str(run), "--prompt", prompt, "--max-tokens", "12")

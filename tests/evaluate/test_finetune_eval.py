@@ -59,14 +59,7 @@ def test_a_model_that_learnt_the_answers_scores_them_all_and_one_that_did_not_sc
 
 
 def test_side_by_side_shows_the_base_with_the_adapter_switched_off(bpe):
-    pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=bpe.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
-    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model = _tiny_lora_llama(bpe)
     template = BUILTIN_TEMPLATES["chatml"]
     rows = side_by_side(model, bpe, template, ["copy red green"], max_new_tokens=4)
     before = rows[0]["base"]
@@ -78,3 +71,31 @@ def test_side_by_side_shows_the_base_with_the_adapter_switched_off(bpe):
     rows = side_by_side(model, bpe, template, ["copy red green", chat("sort 3 1 2", "1 2 3")], max_new_tokens=4)
     assert rows[0]["base"] == before and rows[0]["tuned"] != before  # the base is untouched by the adapter
     assert rows[1]["reference"] == "1 2 3"
+
+
+def test_every_held_out_answer_is_kept_with_the_base_and_an_empty_one_is_said(bpe):
+    from trainwise.evaluate.finetune import held_out_answers
+    from trainwise.evaluate.report_lm import exact_match_headline, shown_answer
+
+    model = _tiny_lora_llama(bpe)
+    held_out = [chat("sort 3 1 2", "1 2 3"), chat("copy red green", "red green"), chat("copy a", "a")]
+    rows = held_out_answers(model, None, bpe, BUILTIN_TEMPLATES["chatml"], held_out, max_new_tokens=4)
+    assert [r["reference"] for r in rows] == ["1 2 3", "red green", "a"]
+    assert all(r["base"] == r["tuned"] for r in rows)  # LoRA's B starts at zero: base and tuned agree
+    assert all(r["tuned_correct"] == (r["tuned"].strip() == r["reference"]) for r in rows)
+    assert shown_answer("  ") == "(empty)" and shown_answer("a") == "a"
+    headline = exact_match_headline({"exact_match": 0.5, "base_exact_match": 0.0, "answers": 8,
+                                     "chat_template": "chatml"})
+    assert headline.startswith("exact match 50.0% (base model: 0.0%) on 8 held-out prompts")
+
+
+def _tiny_lora_llama(bpe):
+    """A one-layer Llama with LoRA on q/v (B at zero: the adapter changes nothing until trained)."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=bpe.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+    return get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))

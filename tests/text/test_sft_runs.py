@@ -213,8 +213,18 @@ def test_eval_scores_held_out_answers_and_the_report_shows_base_and_tuned(straig
     assert tuned["chat_template"] == "chatml" and tuned["answers"] == 8 and 0 <= tuned["exact_match"] <= 1
     assert len(tuned["side_by_side"]) == 5 and tuned["side_by_side"][0]["reference"].count(" ") == 3
     assert result["tokens"] > 0  # loss / perplexity / token accuracy over the answers' tokens only
+    # every held-out answer, tuned and base, with exact match per prompt; base vs tuned over the whole split
+    rows = [json.loads(line) for line in (straight.path / "eval" / "answers.jsonl").read_text().splitlines()]
+    assert len(rows) == tuned["answers"] == tuned["held_out"] == 8
+    assert {"prompt", "reference", "tuned", "tuned_correct", "base", "base_correct"} <= set(rows[0])
+    assert tuned["correct"] == sum(r["tuned_correct"] for r in rows)
+    assert tuned["base_exact_match"] == sum(r["base_correct"] for r in rows) / 8
+    # generations: the split's prompts through the template, not continuations of raw markup
+    assert [g["prompt"] for g in result["generations"]] == [r["prompt"] for r in tuned["side_by_side"]]
+    assert not any("<|im_start|>" in g["prompt"] for g in result["generations"])
     table = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final")
     assert "held-out prompts" in table.stdout and "base and tuned answers" in table.stdout
+    assert "(base model: " in table.stdout and "answers.jsonl" in table.stdout
     assert "answer tokens" in table.stdout  # what the metrics above count (issue 35: not "samples")
     task = straight.read_summary()["task"]
     assert task["kind"] == "language_model" and task["detail"].startswith("instruction fine-tune")

@@ -55,13 +55,17 @@ def eval_command(
         console.print(per_class)
     tuned = result.get("finetune")
     if tuned:  # a fine-tune on instruction data: exact match on the held-out prompts, base vs tuned answers
-        console.print(f"exact match {tuned['exact_match']:.1%} on {tuned['answers']} held-out prompts (greedy, chat "
-                      f"template {tuned['chat_template']}); loss, perplexity and token accuracy above are on the "
+        from trainwise.evaluate.report_lm import exact_match_headline, shown_answer
+
+        console.print(f"{exact_match_headline(tuned)}; loss, perplexity and token accuracy above are on the "
                       "answers only", highlight=False)
         answers = Table("prompt", "reference", "base", "tuned", box=None, title="base and tuned answers")
         for row in tuned["side_by_side"]:
-            answers.add_row(row["prompt"], row.get("reference", ""), row["base"], row["tuned"])
+            answers.add_row(row["prompt"], row.get("reference", ""), shown_answer(row["base"]),
+                            shown_answer(row["tuned"]))
         console.print(answers)
+        if result["files"].get("answers"):
+            console.print(f"every held-out answer, tuned and base: {result['files']['answers']}", highlight=False)
     _print_warnings(result["warnings"])
     console.print(f"written: {Path(result['files']['metrics']).parent}")
 

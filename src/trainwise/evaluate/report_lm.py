@@ -11,6 +11,21 @@ from trainwise.rundir import RunDir
 from trainwise.rundir.records import typical_rate
 
 
+EMPTY_ANSWER = "(empty)"  # a model that answered nothing: said, never a blank cell
+
+
+def shown_answer(answer: str) -> str:
+    return answer if answer.strip() else EMPTY_ANSWER
+
+
+def exact_match_headline(tuned: dict[str, Any]) -> str:
+    """`trainwise eval`'s and the report's one line on a fine-tune: tuned vs base exact match on the split."""
+    base = tuned.get("base_exact_match")
+    versus = f" (base model: {base:.1%})" if base is not None else ""
+    return (f"exact match {tuned['exact_match']:.1%}{versus} on {tuned['answers']} held-out prompts (greedy, chat "
+            f"template {tuned['chat_template']})")
+
+
 class LanguageModelSection(dict):
     """Renders itself in a Jinja template (`{{ language_model }}`) and as Markdown."""
 
@@ -38,12 +53,13 @@ class LanguageModelSection(dict):
         found = []
         tuned = self.get("finetune")
         if tuned:
-            found.append((f"Fine-tune: exact match {tuned['exact_match']:.1%} on {tuned['answers']} held-out prompts "
-                          f"(greedy, chat template {tuned['chat_template']}); base and tuned answers",
+            found.append((f"Fine-tune: {exact_match_headline(tuned)}; base and tuned answers",
                           ["prompt", "reference", "base", "tuned"],
-                          [[r["prompt"], r.get("reference", ""), r["base"], r["tuned"]] for r in tuned["side_by_side"]]))
+                          [[r["prompt"], r.get("reference", ""), shown_answer(r["base"]), shown_answer(r["tuned"])]
+                           for r in tuned["side_by_side"]]))
         if self.get("generations"):
-            found.append(("Generations (greedy, fixed prompts: the openings of the test documents)",
+            found.append(("Generations (greedy, " + ("held-out prompts through the chat template)" if tuned else
+                                                     "fixed prompts: the openings of the test documents)"),
                           ["prompt", "continuation"], [[g["prompt"], g["continuation"]] for g in self["generations"]]))
         if self.get("by_tokens"):
             found.append(("Validation loss against tokens seen", ["step", "tokens seen", "val loss"], self["by_tokens"]))

@@ -114,11 +114,13 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     except StateMismatch as e:
         raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
                           f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
-    own_evaluation = getattr(dataset, "evaluate_model", None)
+    own_evaluation, answers = getattr(dataset, "evaluate_model", None), None
     if own_evaluation is not None:  # a recommender's held-out queries rank the whole catalogue, in chunks
         metrics, predictions = own_evaluation(model, device=resolve_device(device))
         tuned = instruction_evaluation(run, config, model, split, device=resolve_device(device))
         if tuned:  # a fine-tune on instruction data: exact match on held-out prompts, base vs tuned answers
+            metrics["generations"] = tuned.pop("generations")  # held-out prompts through the template
+            answers = tuned.pop("all_answers")
             metrics["finetune"] = tuned
     else:
         outputs, targets = predict(model, dataset, device=resolve_device(device))
@@ -131,6 +133,10 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
               "requested_checkpoint": checkpoint, "weights": str(weights), "step": step, **metrics,
               "warnings": notes_found + metric_warnings(metrics)}
     result["files"] = {k: str(v) for k, v in _write_eval(run, result, predictions).items()}
+    run.eval_answers_path.unlink(missing_ok=True)  # a stale one from another checkpoint or split
+    if answers is not None:
+        atomic_write_text(run.eval_answers_path, "".join(json.dumps(row) + "\n" for row in answers))
+        result["files"]["answers"] = str(run.eval_answers_path)
     return result
 
 

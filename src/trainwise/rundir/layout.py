@@ -169,6 +169,11 @@ class RunDir:
     def eval_predictions_path(self) -> Path:
         return self.eval_dir / "predictions.csv"
 
+    @property
+    def eval_answers_path(self) -> Path:
+        """A fine-tune's every held-out answer, tuned and base, one JSON object a line."""
+        return self.eval_dir / "answers.jsonl"
+
     def report_path(self, fmt: Literal["html", "md"] = "html") -> Path:
         return self.path / f"report.{fmt}"
 
