@@ -76,6 +76,17 @@ def test_eval_and_report_of_a_language_model(text_run, capsys):
         assert heading in report
 
 
+def test_eval_before_scores_the_untrained_model_on_the_same_split(text_run, capsys):
+    table = invoke(capsys, "eval", str(text_run), "--before")
+    assert table.returncode == 0, table.stderr
+    assert "before (untrained)" in table.stdout and "perplexity" in table.stdout
+    result = json.loads((text_run / "eval" / "metrics.json").read_text())
+    before, vocab = result["before"], 300
+    assert before["task"] == "causal_lm" and before["tokens"] == result["tokens"]  # the same test tokens
+    assert vocab / 2 < before["perplexity"] < vocab * 2  # the seeded random start: about a uniform guess
+    assert before["perplexity"] > result["perplexity"]
+
+
 def test_hugging_face_config_run_trains_generates_and_exports(text_run, tmp_path, capsys):
     pytest.importorskip("transformers")
     config_file = tmp_path / "tiny-llama.json"

@@ -222,10 +222,15 @@ def test_eval_scores_held_out_answers_and_the_report_shows_base_and_tuned(straig
     # generations: the split's prompts through the template, not continuations of raw markup
     assert [g["prompt"] for g in result["generations"]] == [r["prompt"] for r in tuned["side_by_side"]]
     assert not any("<|im_start|>" in g["prompt"] for g in result["generations"])
-    table = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final")
+    table = invoke(capsys, "eval", str(straight.path), "--split", "val", "--checkpoint", "final", "--before")
     assert "held-out prompts" in table.stdout and "base and tuned answers" in table.stdout
     assert "(base model: " in table.stdout and "answers.jsonl" in table.stdout
     assert "answer tokens" in table.stdout  # what the metrics above count (issue 35: not "samples")
+    # --before: the model as the run started, on the same answers, beside the tuned one
+    assert "before (untrained)" in table.stdout and "exact match" in table.stdout
+    before = json.loads((straight.path / "eval" / "metrics.json").read_text())["before"]
+    assert before["tokens"] == result["tokens"] and before["exact_match"] == tuned["base_exact_match"]
+    assert before["loss"] > result["loss"], (before, result["loss"])
     task = straight.read_summary()["task"]
     assert task["kind"] == "language_model" and task["detail"].startswith("instruction fine-tune")
     report = invoke(capsys, "report", str(straight.path), "--format", "md")

@@ -33,7 +33,13 @@ def prepare(
     label: Optional[str] = typer.Option(None, help="Tables: the label column (default: label/target/y/class)."),
     task: str = typer.Option("auto", help="Tables: auto | classification | regression."),
     val_fraction: float = typer.Option(0.1, help="Share held out for validation."),
-    test_fraction: float = typer.Option(0.1, help="Share held out for the final test."),
+    test_fraction: Optional[float] = typer.Option(None, help="Share held out for the final test (default: 0.1, "
+                                                  "or none beside --test-file)."),
+    test_file: Optional[Path] = typer.Option(None, "--test-file", help="Text and instruction data: a file (or "
+                                             "folder) of held-out rows or documents, in the source's format, that "
+                                             "is the test split instead of a random share (add --test-fraction to "
+                                             "hold out some of the source too). Read and checked as the source is: "
+                                             "bad rows are named by file:line."),
     seed: int = typer.Option(0, help="Seed of the (stratified) split."),
     shard_size: Optional[int] = typer.Option(None, help="Samples per shard (default: ~32 MiB shards)."),
     split: str = typer.Option("time", help="Interactions: `time` (one global cut-off) or `last-k` (each "
@@ -84,7 +90,10 @@ def prepare(
     if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source, text_field)):
         run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
-    chosen = locals()
+    chosen = dict(locals())
+    chosen["test_file"] = str(test_file) if test_file is not None else None
+    if test_fraction is None:  # a held-out file is the test split; a random share only when asked for too
+        chosen["test_fraction"] = 0.0 if test_file is not None else 0.1
     options = PrepareOptions(**{field.name: chosen[field.name] for field in dataclasses.fields(PrepareOptions)})
     try:
         with Progress("shards", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,

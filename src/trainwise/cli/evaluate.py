@@ -24,28 +24,41 @@ def register(app: typer.Typer) -> None:
 
 
 def eval_command(
-    run_dir: Path = typer.Argument(..., help=RUN_HELP),
+    run_dir: Path = typer.Argument(..., metavar="RUN_OR_MODEL", help=f"{RUN_HELP} With --data: a language "
+                                   "model no run trained (a local Hugging Face directory or a .gguf file), scored "
+                                   "as it is."),
     split: str = typer.Option("test", help="Which split to measure: test, val or train."),
     checkpoint: str = typer.Option("best", help="Weights: best or last checkpoint, or final: the run's last "
                                    "step (model.safetensors, or the last checkpoint when early stopping "
                                    "restored the best weights into model.safetensors)."),
+    before: bool = typer.Option(False, "--before", help="Also score the model as the run started (model.hf's "
+                                "own weights, or its random initialisation) on the same split: before vs after."),
+    data: Optional[Path] = typer.Option(None, "--data", help="A prepared dataset (text or instruction data, "
+                                        "prepared with the model's --tokenizer) to score the model RUN_OR_MODEL "
+                                        "on, untrained; nothing is written."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON instead of tables."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Run the factories a run directory made by "
                                     "someone else names (read its config.yaml first)."),
 ) -> None:
-    """Measure a run on a split: every metric, the confusion matrix, warnings; writes RUN/eval/."""
-    from trainwise.evaluate.report import headline
+    """Measure a run on a split: every metric, the confusion matrix, warnings; writes RUN/eval/. `--before` adds
+    the untrained model's figures; `eval MODEL --data DIR` scores a model that no run trained."""
     from trainwise.evaluate.run_eval import evaluate_run
 
-    result = evaluate_run(run_dir, split=split, checkpoint=checkpoint, trust_code=trust_code)  # type: ignore[arg-type]
+    if data is not None:
+        _eval_model(run_dir, data, split, as_json)
+        return
+    if not (run_dir / "config.yaml").is_file() and _looks_like_a_model(run_dir):
+        from trainwise.errors import ConfigError
+
+        raise ConfigError(f"{run_dir} is a model, not a run directory: score it on prepared data with `trainwise "
+                          f"eval {run_dir} --data DIR` (DIR prepared with --tokenizer {run_dir}).")
+    result = evaluate_run(run_dir, split=split, checkpoint=checkpoint, trust_code=trust_code,  # type: ignore[arg-type]
+                          before=before)
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    table = Table("metric", "value", "compare with", box=None,
-                  title=f"{split} split, {result['checkpoint']} weights (step {result.get('step')})")
-    for metric, value, compare in headline(result):
-        table.add_row(metric, value, compare)
-    console.print(table)
+    title = f"{split} split, {result['checkpoint']} weights (step {result.get('step')})"
+    console.print(_before_after(result, title) if before else _metrics_table(result, title))
     if result.get("per_class"):
         per_class = Table("class", "precision", "recall", "F1", "support", "predicted", box=None)
         for row in result["per_class"]:
@@ -68,6 +81,60 @@ def eval_command(
             console.print(f"every held-out answer, tuned and base: {result['files']['answers']}", highlight=False)
     _print_warnings(result["warnings"])
     console.print(f"written: {Path(result['files']['metrics']).parent}")
+
+
+def _looks_like_a_model(path: Path) -> bool:
+    return path.suffix == ".gguf" or (path / "config.json").is_file()
+
+
+def _metrics_table(result: dict, title: str) -> Table:
+    from trainwise.evaluate.report import headline
+
+    table = Table("metric", "value", "compare with", box=None, title=title)
+    for metric, value, compare in headline(result):
+        table.add_row(metric, value, compare)
+    return table
+
+
+def _before_after(result: dict, title: str) -> Table:
+    """The headline metrics of the untrained model beside the run's (`eval --before`)."""
+    from trainwise.evaluate.readable import fmt
+    from trainwise.evaluate.report import headline
+
+    before = result["before"]
+    table = Table("metric", "before (untrained)", "after", "compare with", box=None, title=title)
+    for (metric, after, compare), (_, untrained, _) in zip(headline(result), headline(before)):
+        table.add_row(metric, untrained, after, compare)
+    if "exact_match" in before and result.get("finetune"):
+        table.add_row("exact match", fmt(before["exact_match"]), fmt(result["finetune"]["exact_match"]),
+                      "held-out prompts answered exactly (greedy)")
+    return table
+
+
+def _eval_model(model: Path, data: Path, split: str, as_json: bool) -> None:
+    """`trainwise eval MODEL --data DIR`: the model as it is, on the data's split; nothing written."""
+    from trainwise.evaluate.model_eval import evaluate_model_on_data
+    from trainwise.evaluate.report_lm import exact_match_headline, shown_answer
+
+    if (model / "config.yaml").is_file():
+        from trainwise.errors import ConfigError
+
+        raise ConfigError(f"{model} is a run directory: `trainwise eval {model}` scores it on its own data "
+                          "(add --before for the model before training); --data is for a model no run trained.")
+    result = evaluate_model_on_data(model, data, split)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    console.print(_metrics_table(result, f"{split} split of {data}, {model} (untrained)"))
+    scored = result.get("instruct")
+    if scored:
+        console.print(f"{exact_match_headline(scored)}; loss, perplexity and token accuracy above are on the "
+                      "answers only", highlight=False)
+        answers = Table("prompt", "reference", "answer", box=None, title="answers (the first ones; all with --json)")
+        for row in scored["examples"][:5]:
+            answers.add_row(row["prompt"], row["reference"], shown_answer(row["answer"]))
+        console.print(answers)
+    _print_warnings(result["warnings"])
 
 
 def report_command(

@@ -45,6 +45,7 @@ class PrepareOptions:
     template: str | None = None          # instruction data: a built-in chat template; None: the tokenizer's
     too_long: str = "truncate"           # instruction data: over seq_len, truncate the prompt or drop
     mask_prompt: bool = True             # instruction data: only the assistant's tokens carry loss
+    test_file: str | None = None         # text and instruction data: a file (or folder) that is the test split
 
     def check(self) -> None:
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1) or \
@@ -77,6 +78,9 @@ class PrepareOptions:
                             "one suggested from the documents.")
         if self.train_tokenizer is not None and self.tokenizer not in (None, "bytes"):
             raise DataError("--tokenizer and --train-tokenizer are exclusive: train a BPE, or use a given one.")
+        if self.test_file is not None and not Path(self.test_file).expanduser().exists():
+            raise DataError(f"--test-file {self.test_file}: no such file or folder. Give the held-out rows (or text "
+                            "files) in the training source's format; they become the test split.")
         if self.tokenizer not in (None, "bytes") and not Path(self.tokenizer).expanduser().exists():
             raise DataError(f"--tokenizer {self.tokenizer}: no such directory. Give `bytes` (the default) or a "
                             "local model or tokenizer directory (one holding tokenizer.json or "
@@ -84,6 +88,9 @@ class PrepareOptions:
 
     def check_kind(self, kind: str) -> None:
         """What the detected kind of source makes invalid (checked before anything is written)."""
+        if kind != "text" and self.test_file is not None:
+            raise DataError(f"--test-file {self.test_file}: a held-out file is for text and instruction data; this "
+                            f"source is prepared as {kind}, split by --val-fraction and --test-fraction.")
         if kind == "text" and self.encoding is not None:
             raise DataError(f"--encoding {self.encoding}: text and chat sources are read as UTF-8 (JSON and "
                             "Parquet are UTF-8 by definition); --encoding is for tables and interaction logs. "

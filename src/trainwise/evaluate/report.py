@@ -200,7 +200,7 @@ def counted(evaluation: dict[str, Any]) -> tuple[str, str]:
     answer tokens, the only ones with a loss), any other split its samples."""
     what, count = "samples", evaluation.get("samples")
     if evaluation.get("task") == "causal_lm":
-        what = "answer tokens" if evaluation.get("finetune") else "tokens"
+        what = "answer tokens" if evaluation.get("finetune") or evaluation.get("instruct") else "tokens"
         count = evaluation.get("tokens", count)
     return what, f"{count:,}" if isinstance(count, int) else str(count)
 

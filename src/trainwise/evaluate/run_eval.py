@@ -79,13 +79,13 @@ def _read_eval_file(run: RunDir, path: Path) -> dict[str, Any] | None:
 
 
 def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", checkpoint: Checkpoint = "best",
-                 *, device: str = "auto", trust_code: bool = False) -> dict[str, Any]:
+                 *, device: str = "auto", trust_code: bool = False, before: bool = False) -> dict[str, Any]:
     """Measure `split` with the weights of `checkpoint` (best/last checkpoint, or `final` model.safetensors).
-    A run made by someone else that names factories runs none of them without `trust_code`."""
+    A run made by someone else that names factories runs none of them without `trust_code`. `before`: also
+    measure the model as config.yaml builds it, before the run's weights go in (`result["before"]`: model.hf's
+    own weights with LoRA adapters at zero, or the seeded random initialisation), on the same split."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
-    from trainwise.evaluate.finetune import instruction_evaluation
-    from trainwise.runtime.inference import predict
     from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
@@ -109,24 +109,17 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
     model = build_model(config, bundle.spec)
     notes: list[str] = []
     state, step, weights = load_weights(run, checkpoint, notes)
+    untrained = _untrained_scores(model, dataset, bundle.spec, resolve_device(device)) if before else None
     try:
         load_kept_state(model, state, saved_record(weights))
     except StateMismatch as e:
         raise RunDirError(f"{weights} does not fit the model built from {run.config_path}: "
                           f"{str(e).splitlines()[0]} Was config.yaml edited after training?") from None
-    own_evaluation, answers = getattr(dataset, "evaluate_model", None), None
-    if own_evaluation is not None:  # a recommender's held-out queries rank the whole catalogue, in chunks
-        metrics, predictions = own_evaluation(model, device=resolve_device(device))
-        tuned = instruction_evaluation(run, config, model, split, device=resolve_device(device))
-        if tuned:  # a fine-tune on instruction data: exact match on held-out prompts, base vs tuned answers
-            metrics["generations"] = tuned.pop("generations")  # held-out prompts through the template
-            answers = tuned.pop("all_answers")
-            metrics["finetune"] = tuned
-    else:
-        outputs, targets = predict(model, dataset, device=resolve_device(device))
-        task = get_task(bundle.spec.task)
-        metrics = task.metrics(outputs, targets, bundle.spec.class_names)
-        predictions = task.predictions(outputs, targets, bundle.spec.class_names)
+    metrics, predictions, answers = _measure(run, config, model, dataset, bundle.spec, split, resolve_device(device))
+    if untrained is not None:
+        if metrics.get("finetune"):  # the base's answers were scored beside the tuned ones
+            untrained["exact_match"] = metrics["finetune"]["base_exact_match"]
+        metrics["before"] = untrained
     live = run.liveness_note()
     notes_found = [_note("checkpoint_fallback", n) for n in notes] + ([_note("run_in_progress", live)] if live else [])
     result = {"run": str(run.path), "split": split, "checkpoint": weights_used(run, checkpoint, weights),
@@ -138,6 +131,46 @@ def evaluate_run(run_dir: str | os.PathLike | RunDir, split: str = "test", check
         atomic_write_text(run.eval_answers_path, "".join(json.dumps(row) + "\n" for row in answers))
         result["files"]["answers"] = str(run.eval_answers_path)
     return result
+
+
+def _measure(run: RunDir, config: Any, model: Any, dataset: Any, spec: Any, split: str, device: Any):
+    """(metrics, the predictions table, a fine-tune's every held-out answer or None) of the run's model."""
+    from trainwise.evaluate.finetune import instruction_evaluation
+    from trainwise.runtime.inference import predict
+
+    own_evaluation = getattr(dataset, "evaluate_model", None)
+    if own_evaluation is None:
+        outputs, targets = predict(model, dataset, device=device)
+        task = get_task(spec.task)
+        return (task.metrics(outputs, targets, spec.class_names),
+                task.predictions(outputs, targets, spec.class_names), None)
+    # a text split, or a recommender's held-out queries ranking the whole catalogue in chunks
+    metrics, predictions = own_evaluation(model, device=device)
+    tuned = instruction_evaluation(run.tokenizer_dir(), config, model, split, device=device)
+    if not tuned:
+        return metrics, predictions, None
+    # a fine-tune on instruction data: exact match on held-out prompts, base vs tuned answers
+    metrics["generations"] = tuned.pop("generations")  # held-out prompts through the template
+    answers = tuned.pop("all_answers")
+    metrics["finetune"] = tuned
+    return metrics, predictions, answers
+
+
+def _untrained_scores(model: Any, dataset: Any, spec: Any, device: Any) -> dict[str, Any]:
+    """The headline metrics of the model before the run's weights are loaded into it (`eval --before`)."""
+    if spec.task == "causal_lm":  # loss, perplexity, token accuracy; no generations (they need no repeating)
+        from trainwise.text.lm_eval import split_token_metrics
+
+        return {"task": "causal_lm", **split_token_metrics(model, dataset, device=device)}
+    own_evaluation = getattr(dataset, "evaluate_model", None)
+    if own_evaluation is not None:
+        metrics, _ = own_evaluation(model, device=device)
+    else:
+        from trainwise.runtime.inference import predict
+
+        outputs, targets = predict(model, dataset, device=device)
+        metrics = get_task(spec.task).metrics(outputs, targets, spec.class_names)
+    return {key: value for key, value in metrics.items() if not isinstance(value, list)}
 
 
 def _note(kind: str, message: str) -> dict[str, Any]:

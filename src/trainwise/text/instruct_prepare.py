@@ -143,10 +143,13 @@ def _with_weights(conversation: Conversation) -> list[dict[str, Any]]:
 def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None = None) -> dict[str, Any]:
     """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields. `notes`:
     what the caller found about the source (mixed formats), kept with the manifest's notes."""
+    from trainwise.text.prepare import held_out_file, test_file_note
     from trainwise.text.tokenizer import resolve_tokenizer
 
     instruct = InstructOptions.from_prepare(options)
     read = read_chat_files(chat_files(source), instruct.format)
+    held = held_out_file(source, options)
+    test = _read_test_file(held, instruct.format, read) if held is not None else None
     ignored = ignored_files(source)
     notes = list(notes or []) + ([f"ignored {len(ignored)} file{'s' if len(ignored) > 1 else ''} not holding "
                                   f"JSONL, JSON or Parquet rows (chat data is read from those only): "
@@ -156,19 +159,38 @@ def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None =
     texts = ("".join(s.text for s in builtin.segments(c.as_messages())) if builtin else
              "\n".join(m["content"] for m in c.as_messages()) for c in read.conversations)
     tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer, texts, builtin.markers if builtin else ())
-    fields = prepare_instructions(read, to, tokenizer, instruct).fields
+    fields = prepare_instructions(read, to, tokenizer, instruct, test=test).fields
+    if held is not None:
+        notes.append(test_file_note(options, len(test or []), "conversations"))
     fields["notes"] = notes + fields["notes"]
     return fields
 
 
-def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: InstructOptions) -> InstructResult:
-    """Render, mask, split and write conversations already read; the manifest's fields and the counts."""
+def _read_test_file(path: Path, fmt: str, read: ReadResult) -> list[Conversation]:
+    """`--test-file`'s conversations, read and checked as the source's are: a bad row is skipped and named by
+    file:line with the source's (in `read`); a file with no usable row is refused, naming the option."""
+    try:
+        held = read_chat_files(chat_files(path), fmt)  # type: ignore[arg-type]
+    except DataError as error:
+        raise DataError(f"--test-file {path}: {error}") from None
+    read.problems += held.problems
+    read.repaired += held.repaired
+    return held.conversations
+
+
+def prepare_instructions(read: ReadResult, out: Path, tokenizer: Any, options: InstructOptions,
+                         test: list[Conversation] | None = None) -> InstructResult:
+    """Render, mask, split and write conversations already read; the manifest's fields and the counts. `test`:
+    held-out conversations of their own (`--test-file`), added to the test split."""
     template = choose_template(options.template, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.max_id + 1)
     entries, files, stats = {}, {}, {}
     copies = SplitCopies()
-    for split, conversations in split_conversations(read.conversations, options).items():
+    splits = split_conversations(read.conversations, options)
+    if test:
+        splits["test"] = splits.get("test", []) + test
+    for split, conversations in splits.items():
         for conversation in conversations:
             copies.add(split, conversation.source, json.dumps(conversation.as_messages()))
         samples, stats[split] = encode_all(conversations, template, tokenizer, max_tokens=options.seq_len,

@@ -15,6 +15,16 @@ PROMPT_TOKENS = 24
 SAMPLE_TOKENS = 48
 
 
+def split_token_metrics(model: nn.Module, dataset: Any, *, device: torch.device, batch_size: int = 8,
+                        detailed: bool = False) -> dict[str, Any]:
+    """Loss, perplexity and token accuracy of `model` over every pack of a text split (runtime/language_model.py);
+    `detailed`: with the loss by position and the top confusions (as ids)."""
+    model.to(device)
+    n = len(dataset)
+    batches = (dataset.__getitems__(list(range(i, min(i + batch_size, n)))) for i in range(0, n, batch_size))
+    return token_metrics(model, batches, device=device, detailed=detailed)
+
+
 def evaluate_language_model(model: nn.Module, dataset: Any, *, device: torch.device,
                             batch_size: int = 8) -> tuple[dict[str, Any], tuple[list[str], list[list[Any]]]]:
     """`trainwise eval` of a text split (PackedTextDataset.evaluate_model): the streamed metrics with the loss
@@ -24,10 +34,7 @@ def evaluate_language_model(model: nn.Module, dataset: Any, *, device: torch.dev
     from trainwise.text.tokenizer import load_tokenizer
     from trainwise.text.tokens import TOKENIZER_DIR
 
-    model.to(device)
-    n = len(dataset)
-    batches = (dataset.__getitems__(list(range(i, min(i + batch_size, n)))) for i in range(0, n, batch_size))
-    metrics = token_metrics(model, batches, device=device, detailed=True)
+    metrics = split_token_metrics(model, dataset, device=device, batch_size=batch_size, detailed=True)
     tokenizer = load_tokenizer(dataset.stream.directory / TOKENIZER_DIR)
     for row in metrics["top_confusions"]:
         row["true"], row["predicted"] = tokenizer.decode([row["true"]]), tokenizer.decode([row["predicted"]])

@@ -39,8 +39,13 @@ def prepare_corpus(source: str | Path, to: str | Path, options: "PrepareOptions 
     options = options or PrepareOptions()
     if options.kind not in ("auto", "text"):
         raise DataError(f"--kind {options.kind}: this source is prepared as text.")
-    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat,
-                   inputs=tokenizer_files_fingerprint(options.tokenizer), **kwargs)
+    inputs = tokenizer_files_fingerprint(options.tokenizer)
+    if options.test_file is not None and Path(options.test_file).expanduser().exists():  # its edits count too
+        from trainwise.data.prepare import source_fingerprint
+
+        inputs["test_file"] = source_fingerprint(Path(options.test_file).expanduser())
+    return prepare(source, to, replace(options, kind="text"), text_builder=prepare_text_or_chat, inputs=inputs,
+                   **kwargs)
 
 
 def tokenizer_files_fingerprint(spec: str | None) -> dict[str, str]:
@@ -61,11 +66,32 @@ def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> d
     instruct_prepare.py) or raw text."""
     from trainwise.text.instruct_prepare import format_sample, prepare_chat
 
+    held_out_file(source, options)  # refused before anything is read when it would train too
     sample = format_sample(source, options.text_field)  # chat or text, from the first rows (not the first alone)
     notes = [sample.note] if sample.note else []
     if options.chat_format != "auto" or sample.is_chat:
         return prepare_chat(to, source, options, notes)
     return prepare_text(to, source, options, notes)
+
+
+def held_out_file(source: Path, options: "PrepareOptions") -> Path | None:
+    """`--test-file`: the file (or folder) whose rows or documents are the test split; None without one. One inside
+    the source would be read as training data too, so it is refused."""
+    if options.test_file is None:
+        return None
+    held = Path(options.test_file).expanduser().resolve()
+    where = source.resolve()
+    if held == where or where in held.parents:
+        what = "the source itself" if held == where else f"inside the source {source}"
+        raise DataError(f"--test-file {options.test_file} is {what}: its rows would train too. Move the held-out "
+                        "file out of the training source.")
+    return held
+
+
+def test_file_note(options: "PrepareOptions", count: int, unit: str) -> str:
+    """What `prepare` says of the test split a --test-file made."""
+    also = f", and {options.test_fraction:g} of the source's held out at random" if options.test_fraction else ""
+    return f"test split: the {count:,} {unit} of --test-file {options.test_file}{also}"
 
 
 def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[str] | None = None
@@ -78,9 +104,12 @@ def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[
 
     repaired: list[str] = []
     names, chars, skipped = _survey(source, options.text_field, repaired)
-    if not names:
-        listed = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:5])
-        raise DataError(f"{source}: no usable document ({len(skipped)} skipped{': ' + listed if listed else ''}).")
+    _refuse_no_documents(source, names, skipped)
+    held, held_names = held_out_file(source, options), []
+    if held is not None:  # the test split: surveyed (and refused when unusable) as the source is
+        held_names, held_chars, held_skipped = _survey(held, options.text_field, repaired)
+        _refuse_no_documents(held, held_names, held_skipped, "--test-file ")
+        chars, skipped = chars + held_chars, skipped + held_skipped
     by_position = len(names) == 1
     codes = np.zeros(1, np.int8) if by_position else split_codes(None, len(names), options)
     tokenizer = resolve_tokenizer(options.tokenizer, options.train_tokenizer,
@@ -100,10 +129,17 @@ def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[
     lengths = np.diff(np.asarray(writers["train"].offsets))
     notes = list(notes or []) + repair_notes(repaired) + copies.notes() + (
         ["one document: split by position (the first part trains, the last parts validate and test)"]
-        if by_position else [])
+        if by_position else []) + ([test_file_note(options, len(held_names), "documents")] if held else [])
     return {"task": "causal_lm", "schema": text_schema(dtype, False), "splits": splits, "files": files,
             "tokenizer": tokenizer.describe(), "lengths": length_report(lengths, options.seq_len), "notes": notes,
             "skipped": {"count": len(skipped), "files": skipped[:SKIPPED_LISTED]}}
+
+
+def _refuse_no_documents(source: Path, names: list[str], skipped: list[dict[str, str]], option: str = "") -> None:
+    if names:
+        return
+    listed = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:5])
+    raise DataError(f"{option}{source}: no usable document ({len(skipped)} skipped{': ' + listed if listed else ''}).")
 
 
 def _refuse_empty_training(train: dict[str, Any], documents: int, by_position: bool) -> None:
@@ -131,13 +167,16 @@ def _survey(source: Path, text_field: str, repaired: list[str]) -> tuple[list[st
 
 def _pieces(source: Path, options: "PrepareOptions", codes: np.ndarray, by_position: bool
             ) -> Iterator[tuple[str, Document]]:
-    """(split, document) for every usable document, in source order."""
+    """(split, document) for every usable document, in source order; then the --test-file's, all test."""
     usable = (d for d in read_documents(source, options.text_field) if d.text is not None)
     if by_position:
         yield from _split_by_position(next(usable), options.val_fraction, options.test_fraction)
-        return
-    for code, document in zip(codes.tolist(), usable):
-        yield SPLITS[code], document
+    else:
+        for code, document in zip(codes.tolist(), usable):
+            yield SPLITS[code], document
+    held = held_out_file(source, options)
+    if held is not None:  # --test-file: every usable document of it is test
+        yield from (("test", d) for d in read_documents(held, options.text_field) if d.text is not None)
 
 
 def _split_by_position(document: Document, val_fraction: float, test_fraction: float
