@@ -96,3 +96,23 @@ class PrepareOptions:
                             "Parquet are UTF-8 by definition); --encoding is for tables and interaction logs. "
                             f"Convert the files first, e.g. `iconv -f {self.encoding} -t utf-8 IN > OUT`, then "
                             "prepare OUT.")
+
+
+def held_out_file(source: Path, options: PrepareOptions) -> Path | None:
+    """`--test-file`: the file (or folder) whose rows or documents are the test split; None without one. One inside
+    the source would be read as training data too, so it is refused."""
+    if options.test_file is None:
+        return None
+    held = Path(options.test_file).expanduser().resolve()
+    where = source.resolve()
+    if held == where or where in held.parents:
+        what = "the source itself" if held == where else f"inside the source {source}"
+        raise DataError(f"--test-file {options.test_file} is {what}: its rows would train too. Move the held-out "
+                        "file out of the training source.")
+    return held
+
+
+def test_file_note(options: PrepareOptions, count: int, unit: str) -> str:
+    """What `prepare` says of the test split a --test-file made."""
+    also = f", and {options.test_fraction:g} of the source's held out at random" if options.test_fraction else ""
+    return f"test split: the {count:,} {unit} of --test-file {options.test_file}{also}"

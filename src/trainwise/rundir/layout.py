@@ -1,8 +1,5 @@
-"""RunDir: the run directory, the contract between stages.
-
-This is the only module that spells file names inside a run directory. Every stage (train, telemetry,
-evaluate, diagnose, report) asks a RunDir for its paths and records, so a run can be understood from its
-directory alone, on another machine, after the fact.
+"""RunDir, the contract between stages: the only module that spells file names inside a run directory. Every
+stage asks it for paths and records, so a run can be understood from its directory alone, after the fact.
 
     RUN/
       config.yaml         resolved config, written before step 1
@@ -13,8 +10,8 @@ directory alone, on another machine, after the fact.
       model.safetensors   final weights (the best ones when early stopping restored them); format: weights_format.py
       summary.json        status, steps, best and final metrics, timings; rewritten at every checkpoint; what
                           readers make of it (interrupted, still training): status.py
-      eval/               metrics.json (latest), metrics-<split>.json (each split's latest),
-                          confusion_matrix.csv, predictions.csv
+      eval/               metrics.json (latest), metrics-<split>.json (each split's latest), confusion_matrix.csv,
+                          predictions.csv, answers.jsonl (a fine-tune's every held-out answer, tuned and base)
       lr_find.json/.png   the LR range test, when `trainwise lr-find --out RUN` ran
       report.html         self-contained report (report.md with --format md)
       error.log           the full traceback of a run that failed
@@ -171,7 +168,6 @@ class RunDir:
 
     @property
     def eval_answers_path(self) -> Path:
-        """A fine-tune's every held-out answer, tuned and base, one JSON object a line."""
         return self.eval_dir / "answers.jsonl"
 
     def report_path(self, fmt: Literal["html", "md"] = "html") -> Path:

@@ -143,7 +143,7 @@ def _with_weights(conversation: Conversation) -> list[dict[str, Any]]:
 def prepare_chat(to: Path, source: Path, options: Any, notes: list[str] | None = None) -> dict[str, Any]:
     """`trainwise prepare` of instruction data (called by data/prepare.py): the manifest's fields. `notes`:
     what the caller found about the source (mixed formats), kept with the manifest's notes."""
-    from trainwise.text.prepare import held_out_file, test_file_note
+    from trainwise.data.prepare_options import held_out_file, test_file_note
     from trainwise.text.tokenizer import resolve_tokenizer
 
     instruct = InstructOptions.from_prepare(options)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trainwise.data.prepare_options import held_out_file, test_file_note
 from trainwise.data.shards import SPLITS
 from trainwise.errors import DataError
 from trainwise.text.corpus import Document, SplitCopies, read_documents, repair_notes
@@ -72,26 +73,6 @@ def prepare_text_or_chat(to: Path, source: Path, options: "PrepareOptions") -> d
     if options.chat_format != "auto" or sample.is_chat:
         return prepare_chat(to, source, options, notes)
     return prepare_text(to, source, options, notes)
-
-
-def held_out_file(source: Path, options: "PrepareOptions") -> Path | None:
-    """`--test-file`: the file (or folder) whose rows or documents are the test split; None without one. One inside
-    the source would be read as training data too, so it is refused."""
-    if options.test_file is None:
-        return None
-    held = Path(options.test_file).expanduser().resolve()
-    where = source.resolve()
-    if held == where or where in held.parents:
-        what = "the source itself" if held == where else f"inside the source {source}"
-        raise DataError(f"--test-file {options.test_file} is {what}: its rows would train too. Move the held-out "
-                        "file out of the training source.")
-    return held
-
-
-def test_file_note(options: "PrepareOptions", count: int, unit: str) -> str:
-    """What `prepare` says of the test split a --test-file made."""
-    also = f", and {options.test_fraction:g} of the source's held out at random" if options.test_fraction else ""
-    return f"test split: the {count:,} {unit} of --test-file {options.test_file}{also}"
 
 
 def prepare_text(to: Path, source: Path, options: "PrepareOptions", notes: list[str] | None = None
