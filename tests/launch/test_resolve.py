@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from tests.conftest import stop_at, tiny_config
-from tests.text.test_prepare_text import make_corpus
+from tests.data.text.test_prepare_text import make_corpus
 from trainwise.config.derived import (DEFAULT_TEXT_SEQ_LEN, micro_batch_at_most, micro_batch_sizes,
                                       text_sequence_length)
 from trainwise.data.prepare import PrepareOptions
@@ -15,8 +15,8 @@ from trainwise.launch import resolve
 from trainwise.launch.resolve import EVENT_KIND, resolve_run
 from trainwise.launch.runs import resume_run, train_run
 from trainwise.recipes import load_recipe
-from trainwise.text.prepare import prepare_corpus
-from trainwise.text.tokenizer import recorded_sequence_length
+from trainwise.data.prepare import prepare_corpus
+from trainwise.data.text.tokenizer import recorded_sequence_length
 
 CPU = {"device": "cpu", "sanity": False, "log_every": 2}
 
@@ -80,7 +80,7 @@ def test_the_length_rule_is_one_function():
 
 def test_the_legal_micro_batches_are_one_rule():
     from trainwise.plan.advise import micro_batch_for
-    from trainwise.train.recovery import smaller_micro_batch
+    from trainwise.train.recovery.oom import smaller_micro_batch
 
     assert micro_batch_sizes(12) == [1, 2, 3, 4, 6, 12]
     assert micro_batch_at_most(48, 20) == 16 and micro_batch_at_most(7, 6) == 1 and micro_batch_at_most(8, 0) == 1
