@@ -150,3 +150,28 @@ def test_a_config_that_leaves_a_setting_to_the_resolve_step_asks_for_the_recorde
     # a setting the user gave is theirs: a different recorded value is a different run
     given = load_recipe("breast-cancer", ["train.strategy=ddp"]).model_dump(mode="json")
     assert as_recorded(given, recorded)["train"]["strategy"] == "ddp"
+
+
+def test_what_ablate_treats_as_resolved_is_what_the_resolve_step_decides(prepared_text):
+    """config.derived.RESOLVED_SETTINGS (ablate's reuse compares configs through it) lists exactly the settings
+    the resolve step decides, plus the attention the model builder picks and config.yaml records."""
+    from trainwise.config.derived import RESOLVED_SETTINGS
+
+    data, _ = prepared_text
+    config = load_recipe("lm-gpt", ["model.args.layers=1", "model.args.width=16", "model.args.heads=2",
+                                    "train.device=cpu", f"data.path={data}", "data.seq_len=null",
+                                    "train.precision=auto", "train.strategy=auto", "train.micro_batch_size=auto",
+                                    "model.attention=auto", "train.batch_size=4"])
+    decided = {choice.key for choice in resolve_run(config).choices}
+    assert decided | {"model.attention"} == {f"{section}.{key}" for section, key in RESOLVED_SETTINGS}
+
+
+def test_the_built_in_gpt_on_text_resolves_an_auto_micro_batch(prepared_text):
+    """The built-in gpt's token batches trace like training's (per-document lengths read on the host; the token
+    loss), so the planner behind `auto` can size its micro-batch."""
+    data, _ = prepared_text
+    config = load_recipe("lm-gpt", ["model.args.layers=1", "model.args.width=16", "model.args.heads=2",
+                                    "train.device=cpu", f"data.path={data}", "train.micro_batch_size=auto",
+                                    "train.batch_size=4"])
+    micro = resolve_run(config).config.train.micro_batch_size
+    assert isinstance(micro, int) and 4 % micro == 0

@@ -112,7 +112,9 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
         optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,
-        target_shape=target_shape, vocabulary_size=vocabulary)
+        target_shape=target_shape, vocabulary_size=vocabulary,
+        # the built-in gpt on text: token batches and the token loss, as trained
+        token_batches=isinstance(bundle.train[0], dict), host_document_lengths=isinstance(bundle.train[0], dict))
     num_train = spec.num_train or len(bundle.train)
     steps_per_epoch = train.steps_per_epoch(num_train)  # the trainer's count: a partial last batch never runs
     total = train.total_steps(num_train)
@@ -129,7 +131,8 @@ def sample_shapes(train, spec) -> tuple[tuple[int, ...], int | None]:
     """What one real training sample says that the spec does not: the shape of its target (a label per
     position for next-item recommenders and token models, one label otherwise), and for integer inputs
     the index range the step's fake batches may use (at least the sample's own ids)."""
-    inputs, target = train[0]
+    sample = train[0]  # (inputs, target), or a token sample's dict (data/batch.py): labels per position
+    inputs, target = (sample["input_ids"], sample["labels"]) if isinstance(sample, dict) else sample
     target_shape = tuple(torch.as_tensor(target).shape)
     vocabulary = None
     if not spec.input_dtype.is_floating_point:

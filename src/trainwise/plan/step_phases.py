@@ -36,7 +36,8 @@ def run_labelled(tracker: "AllocationTracker", train_step: "TrainStep", computed
     once it has made them. `device_batches`: batches that are device memory for the whole step (on a CPU)."""
     for batch in device_batches:
         for tensor in (batch.values() if isinstance(batch, dict) else batch):
-            tracker.track(tensor, "activations")
+            if isinstance(tensor, torch.Tensor):  # not the host's document lengths (a list)
+                tracker.track(tensor, "activations")
     model = train_step.model
 
     def forward_phase(_module, _args):
