@@ -85,8 +85,12 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"is killed by signal: Killed", r"(?i:out of memory: kill(?:ed)? process)", r"invoked oom-killer",
                  r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\) received by PID",
                  r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)",
-                 r"(?<![A-Za-z])(?:_Array)?MemoryError\b", r"^\s*Killed\s*$"),
-        keywords=("kill", "exitcode", "alloc", "memory"),
+                 r"(?<![A-Za-z])(?:_Array)?MemoryError\b", r"^\s*Killed\s*$",
+                 # Slurm ("oom_kill event", "OOM Killed"), Kubernetes ("OOMKilled"), a shell's job report
+                 # ("line 19: 40718 Killed   python train.py"), 137 = 128 + SIGKILL
+                 r"(?i:\boom[ _-]?kill(?:ed|er)?\b)", r"\b\d+ Killed\s{2,}\S",
+                 r"(?i:\bexit(?:ed)?(?: with)?(?: status| code)?:? ?137\b)"),
+        keywords=("kill", "exitcode", "alloc", "memory", "137"),
     ),
     Rule(
         "cuda_oom", "GPU out of memory",
@@ -115,7 +119,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"Error\(s\) in loading state_dict", r"(?:Missing|Unexpected) key\(s\) in state_dict",
                  r"size mismatch for [\w.]+: copying a param with shape", r"Weights only load failed",
                  r"WeightsUnpickler error", r"PytorchStreamReader failed", r"invalid load key",
-                 r"Attempting to deserialize object on (?:a )?CUDA device", r"unexpected key \"module\.",
+                 r"unexpected key \"module\.",
                  r"SafetensorError: Error while deserializing"),
         keywords=("state_dict", "mismatch", "weights", "pytorchstream", "deserializ", "key"),
         variants=(
@@ -153,12 +157,6 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                     "pointer: `git lfs pull`).",
                     "Download or copy it again; load an earlier checkpoint if this one was cut short.",
                     "Save atomically (write a temp file, then rename), as trainwise's checkpoints do."),
-            variant((r"Attempting to deserialize object on (?:a )?CUDA device",),
-                    "GPU checkpoint loaded where no GPU is visible",
-                    "The checkpoint's tensors were saved on a GPU and this process has none (or torch "
-                    "cannot see it).",
-                    "Load onto the CPU and move afterwards: `torch.load(path, map_location='cpu')`.",
-                    "If this machine should have a GPU, check `nvidia-smi` and `CUDA_VISIBLE_DEVICES`."),
             variant((r"size mismatch for [\w.]+: copying a param",),
                     "Checkpoint shapes differ from the model",
                     "The checkpoint was trained with a different configuration (number of classes, hidden "
@@ -238,8 +236,18 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  # the words of scripts and libraries that checked and found none
                  r"(?i:\bno (?:cuda |nvidia )?(?:gpus?|cuda devices?) (?:were |was )?(?:found|available|detected)\b)",
                  r"(?i:\bcuda is not available\b)", r"is_available\(\) (?:is|returned|==) False",
-                 r"device_count\(\) (?:is|returned|==) 0\b"),
+                 r"device_count\(\) (?:is|returned|==) 0\b",
+                 # the checkpoint is fine: it was saved on a GPU and this process has none
+                 r"Attempting to deserialize object on (?:a )?CUDA device"),
         keywords=("gpu", "driver", "device", "environment", "error 802", "accelerator", "cuda", "is_available"),
+        variants=(
+            variant((r"Attempting to deserialize object on (?:a )?CUDA device",),
+                    "GPU checkpoint loaded where no GPU is visible",
+                    "The checkpoint's tensors were saved on a GPU and this process has none (or torch "
+                    "cannot see it). The file itself is fine.",
+                    "Load onto the CPU and move afterwards: `torch.load(path, map_location='cpu')`.",
+                    "If this machine should have a GPU, check `nvidia-smi` and `CUDA_VISIBLE_DEVICES`."),
+        ),
     ),
     Rule(
         "disk_full", "Disk full",

@@ -171,9 +171,26 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Sizes of tensors must match except in dimension \d+",
                  r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+, but got input of size",
                  r"The shape of the mask \[[^\]]*\] at index \d+ does not match the shape of the indexed tensor",
-                 r"0D or 1D target tensor expected, multi-target not supported"),
-        keywords=("shape", "size", "channels", "target"),
+                 r"0D or 1D target tensor expected, multi-target not supported",
+                 # sequences of different lengths batched without padding (collate, torch.tensor, tokenizers)
+                 r"stack expects each tensor to be equal size",
+                 r"expected sequence of length \d+ at dim \d+ \(got \d+\)",
+                 r"Unable to create tensor, you should probably activate truncation and/or padding"),
+        keywords=("shape", "size", "channels", "target", "sequence of length", "padding"),
         variants=(
+            variant((r"stack expects each tensor to be equal size",
+                     r"expected sequence of length \d+ at dim \d+ \(got \d+\)",
+                     r"Unable to create tensor, you should probably activate truncation and/or padding"),
+                    "Samples of different lengths in one batch",
+                    "The samples of a batch have different lengths (token sequences, variable-size images), "
+                    "and were stacked into one tensor without padding: the default collate and "
+                    "`torch.tensor` need equal sizes.",
+                    "Pad in the collate function: `torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, "
+                    "padding_value=pad_id)`, or transformers' `DataCollatorWithPadding(tokenizer)`.",
+                    "When tokenizing a batch: `tokenizer(texts, padding=True, truncation=True, "
+                    "max_length=N, return_tensors='pt')`.",
+                    "Or make every sample the same length up front (truncate and pad, or pack sequences; "
+                    "`trainwise prepare` packs text)."),
             variant((r"The shape of the mask \[\d+, 1\] at index \d+ does not match",
                      r"0D or 1D target tensor expected, multi-target not supported"),
                     "Targets shaped (N, 1) where class labels (N,) were expected",
@@ -199,9 +216,23 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "`init_process_group`."),
         patterns(r"(?i:NCCL error)", r"\bnccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b",
                  r"DistBackendError: (?!.*(?i:timed? ?out|timeout))",   # one that timed out is a timeout
-                 r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)"),
-        keywords=("nccl", "distbackend"),
+                 r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)",
+                 # a rank that cannot reach the rendezvous / TCP store at all (not one that timed out; a
+                 # "[W] client socket has failed to connect" alone is a retry, and may still succeed)
+                 r"RendezvousConnectionError",
+                 r"DistNetworkError: .*(?:Connection refused|No route to host|Name or service not known)"),
+        keywords=("nccl", "distbackend", "rendezvousconnection", "distnetwork"),
         variants=(
+            variant((r"(?i:client socket has failed to connect)", r"RendezvousConnectionError",
+                     r"DistNetworkError: .*(?:Connection refused|No route to host|Name or service not known)"),
+                    "The ranks could not reach the rendezvous address",
+                    "A process could not connect to the master's TCP store (`MASTER_ADDR:MASTER_PORT`, "
+                    "torchrun's `--rdzv-endpoint`): the first node is not running yet or has exited, the "
+                    "address or port is wrong, or a firewall blocks it.",
+                    "Check the endpoint every node uses (`MASTER_ADDR`, `MASTER_PORT`, `--rdzv-endpoint`) "
+                    "and that the first node started its launcher.",
+                    "Test the path from this node: `nc -zv HOST PORT` (open the port in the firewall or "
+                    "security group)."),
             variant((r"socketStartConnect", r"No route to host", r"Connection refused", r"NET/IB",
                      r"NCCL_SOCKET_IFNAME"),
                     "NCCL could not connect the ranks",

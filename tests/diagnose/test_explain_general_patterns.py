@@ -1,0 +1,82 @@
+"""The patterns added after the u35 held-out batch (benchmarks/explain.py), each checked on texts other than
+that batch's: host-memory kills as schedulers and shells report them, a rank that cannot reach the rendezvous,
+a GPU checkpoint loaded without a GPU, and samples of different lengths batched without padding."""
+from __future__ import annotations
+
+import pytest
+
+from trainwise.diagnose import explain
+
+
+@pytest.mark.parametrize("log", [
+    "srun: error: gn-17: task 3: Out Of Memory\n"
+    "slurmstepd: error: Detected 2 oom-kill event(s) in StepId=99120.0. Some of your processes may have been "
+    "killed by the cgroup out-of-memory handler.",
+    "NAME          READY   STATUS      RESTARTS   AGE\n"
+    "trainer-0     0/1     OOMKilled   3          41m",
+    "Epoch 4: 12%|█▏ | 120/1000\n"
+    "run.sh: line 7: 118204 Killed                  torchrun --nproc-per-node 8 fit.py",
+    "2026-10-02 10:00:01 step 900 loss 1.02\n"
+    "Job finished: container exited with code 137",
+], ids=["slurm-oom-kill-events", "kubernetes-oomkilled", "shell-job-report", "exit-code-137"])
+def test_host_memory_kills_as_schedulers_and_shells_report_them(log):
+    assert explain(log).code == "cpu_oom_killed"
+
+
+@pytest.mark.parametrize("log", [
+    "step 137 loss 0.52\nValueError: bad value in row 1370",   # 137 as a step, not an exit status
+    "Killed 3 zombie workers before starting\nKeyError: 'label'",
+])
+def test_numbers_and_words_that_only_look_like_a_kill_are_not_one(log):
+    assert explain(log).code == "unknown"
+
+
+@pytest.mark.parametrize("log", [
+    "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store "
+    "has failed. See inner exception for details.",
+    "[rank2]: torch.distributed.DistNetworkError: Failed to connect to 10.1.0.4:23456: "
+    "No route to host",
+    "torch.distributed.DistNetworkError: The client socket has failed to connect to any network address of "
+    "(head-node, 29500). getaddrinfo: Name or service not known",
+], ids=["rendezvous-connection", "no-route", "unknown-host"])
+def test_a_rank_that_cannot_reach_the_rendezvous_is_a_connection_error(log):
+    finding = explain(log)
+    assert finding.code == "nccl_error" and "rendezvous" in finding.title
+    assert any("MASTER_ADDR" in fix for fix in finding.fixes)
+
+
+def test_a_port_already_in_use_is_not_claimed_as_a_network_failure():
+    log = ("torch.distributed.DistNetworkError: The server socket has failed to bind to [::]:29500 "
+           "(errno: 98 - Address already in use).")
+    assert explain(log).code == "unknown"
+
+
+def test_a_retried_connect_warning_before_a_store_timeout_stays_a_timeout():
+    log = ("[W socket.cpp:700] [c10d] The client socket has failed to connect to [node-a]:12355 "
+           "(errno: 111 - Connection refused).\n"
+           "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 2/8 clients joined.")
+    assert explain(log).code == "nccl_timeout"
+
+
+def test_a_gpu_checkpoint_without_a_gpu_is_no_gpu_visible_and_says_map_location():
+    log = ("  File \"eval.py\", line 12, in <module>\n"
+           "    sd = torch.load('ckpt/epoch_9.pth')\n"
+           "RuntimeError: Attempting to deserialize object on CUDA device 1 but torch.cuda.device_count() is 1. "
+           "Please use torch.load with map_location to map your storages to an existing device.")
+    finding = explain(log)
+    assert finding.code == "no_gpu_visible"
+    assert any("map_location='cpu'" in fix for fix in finding.fixes)
+
+
+@pytest.mark.parametrize("log", [
+    "RuntimeError: Caught RuntimeError in DataLoader worker process 1.\n"
+    "RuntimeError: stack expects each tensor to be equal size, but got [3, 224, 224] at entry 0 and "
+    "[3, 224, 180] at entry 2",
+    ">>> torch.tensor([[1, 2, 3], [4, 5]])\nValueError: expected sequence of length 3 at dim 1 (got 2)",
+    "ValueError: Unable to create tensor, you should probably activate truncation and/or padding with "
+    "'padding=True' 'truncation=True' to have batched tensors with the same length.",
+], ids=["collate-images", "ragged-list", "tokenizer"])
+def test_samples_of_different_lengths_batched_without_padding_are_a_shape_mismatch(log):
+    finding = explain(log)
+    assert finding.code == "shape_mismatch" and "different lengths" in finding.title
+    assert any("pad" in fix for fix in finding.fixes)
