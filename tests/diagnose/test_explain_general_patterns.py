@@ -8,6 +8,13 @@ import pytest
 from trainwise.diagnose import explain
 
 
+def assert_read_as(log: str, code: str, title_words: str, fix_words: str) -> None:
+    """`log` is named `code`, under a title holding `title_words`, with a fix holding `fix_words`."""
+    finding = explain(log)
+    assert finding.code == code and title_words in finding.title, (finding.code, finding.title)
+    assert any(fix_words in fix for fix in finding.fixes), finding.fixes
+
+
 @pytest.mark.parametrize("log", [
     "srun: error: gn-17: task 3: Out Of Memory\n"
     "slurmstepd: error: Detected 2 oom-kill event(s) in StepId=99120.0. Some of your processes may have been "
@@ -40,9 +47,7 @@ def test_numbers_and_words_that_only_look_like_a_kill_are_not_one(log):
     "(head-node, 29500). getaddrinfo: Name or service not known",
 ], ids=["rendezvous-connection", "no-route", "unknown-host"])
 def test_a_rank_that_cannot_reach_the_rendezvous_is_a_connection_error(log):
-    finding = explain(log)
-    assert finding.code == "nccl_error" and "rendezvous" in finding.title
-    assert any("MASTER_ADDR" in fix for fix in finding.fixes)
+    assert_read_as(log, "nccl_error", "rendezvous", "MASTER_ADDR")
 
 
 def test_a_port_already_in_use_is_not_claimed_as_a_network_failure():
@@ -63,9 +68,7 @@ def test_a_gpu_checkpoint_without_a_gpu_is_no_gpu_visible_and_says_map_location(
            "    sd = torch.load('ckpt/epoch_9.pth')\n"
            "RuntimeError: Attempting to deserialize object on CUDA device 1 but torch.cuda.device_count() is 1. "
            "Please use torch.load with map_location to map your storages to an existing device.")
-    finding = explain(log)
-    assert finding.code == "no_gpu_visible"
-    assert any("map_location='cpu'" in fix for fix in finding.fixes)
+    assert_read_as(log, "no_gpu_visible", "no GPU", "map_location='cpu'")
 
 
 @pytest.mark.parametrize("log", [
@@ -77,6 +80,4 @@ def test_a_gpu_checkpoint_without_a_gpu_is_no_gpu_visible_and_says_map_location(
     "'padding=True' 'truncation=True' to have batched tensors with the same length.",
 ], ids=["collate-images", "ragged-list", "tokenizer"])
 def test_samples_of_different_lengths_batched_without_padding_are_a_shape_mismatch(log):
-    finding = explain(log)
-    assert finding.code == "shape_mismatch" and "different lengths" in finding.title
-    assert any("pad" in fix for fix in finding.fixes)
+    assert_read_as(log, "shape_mismatch", "different lengths", "pad")
