@@ -81,3 +81,43 @@ def test_a_gpu_checkpoint_without_a_gpu_is_no_gpu_visible_and_says_map_location(
 ], ids=["collate-images", "ragged-list", "tokenizer"])
 def test_samples_of_different_lengths_batched_without_padding_are_a_shape_mismatch(log):
     assert_read_as(log, "shape_mismatch", "different lengths", "pad")
+
+
+# --- after the v35 batch: each pattern on a text other than the batch's ---
+
+@pytest.mark.parametrize("log, code", [
+    ("RuntimeError: unable to mmap 1048576 bytes from file </torch_33_1044_0>: Cannot allocate memory (12)",
+     "shm_too_small"),
+    ("RuntimeError: Missing key in checkpoint state_dict: optim.state.lm_head.weight.exp_avg.", "checkpoint_load"),
+    ("OSError: Unable to load weights from pytorch checkpoint file for 'ckpt/model.bin' at 'ckpt/model.bin'.",
+     "checkpoint_load"),
+    ("RuntimeError: Triton Error [CUDA]: CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "driver_too_old"),
+    ("RuntimeError: No available GPUs found on this machine", "no_gpu_visible"),
+    ("RuntimeError: The expanded size of the tensor (77) must match the existing size (64) at non-singleton "
+     "dimension 0.  Target sizes: [77].  Tensor sizes: [64]", "shape_mismatch"),
+], ids=["shm-mmap", "dcp-optimizer-key", "hf-weights-file", "ptx-version", "no-available-gpus", "expand"])
+def test_general_patterns_after_the_v35_batch(log, code):
+    assert explain(log).code == code
+
+
+def test_an_extension_built_for_another_torch_says_rebuild_it():
+    log = ("ImportError: /env/lib/python3.11/site-packages/apex/fused_dense_cuda.cpython-311-x86_64-linux-gnu.so: "
+           "undefined symbol: _ZN2at4_ops5zeros4callEN3c108ArrayRefINS2_6SymIntEEE")
+    assert_read_as(log, "cuda_mismatch", "another PyTorch", "--force-reinstall")
+
+
+def test_an_undefined_symbol_outside_torch_is_not_claimed():
+    log = "ImportError: /usr/lib/libfoo.so.1: undefined symbol: PyUnicode_AsUTF8AndSize_v2"
+    assert explain(log).code == "unknown"
+
+
+def test_a_gpu_tensor_handed_to_numpy_is_a_device_mismatch():
+    log = ("  File \"plot.py\", line 9, in <module>\n    plt.plot(losses)\n"
+           "TypeError: can't convert mps:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+           "to host memory first.")
+    assert_read_as(log, "device_mismatch", "numpy", ".cpu().numpy()")
+
+
+def test_an_op_without_a_kernel_for_its_dtype_is_a_dtype_mismatch():
+    log = "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
+    assert_read_as(log, "dtype_mismatch", "not available for this dtype", "fp32")

@@ -66,7 +66,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Use fewer DataLoader workers or smaller batches (trainwise: `data.num_workers=2`); "
          "`data.num_workers=0` needs no shared memory, at the cost of speed."),
         patterns(r"killed by signal: Bus error", r"insufficient shared memory \(shm\)",
-                 r"unable to (?:write to file|open shared memory object) </torch_",
+                 r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file) </torch_",
                  r"^(?!.*NCCL WARN).*(?:/dev/shm.*No space left on device|No space left on device.*/dev/shm)"),
         keywords=("bus error", "shm", "torch_", "memory"),
     ),
@@ -116,7 +116,10 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Build the model with the configuration the checkpoint was trained with.",
          "Pass `strict=False` only when the difference is intended, and read the missing/unexpected keys it "
          "returns."),
-        patterns(r"Error\(s\) in loading state_dict", r"(?:Missing|Unexpected) key\(s\) in state_dict",
+        patterns(r"Error\(s\) in loading state_dict",
+                 # "key(s) in state_dict" (load_state_dict), "key in checkpoint state_dict" (distributed.checkpoint)
+                 r"(?:Missing|Unexpected) keys?(?:\(s\))? in (?:checkpoint )?state_dict",
+                 r"Unable to load weights from (?:pytorch |PyTorch )?checkpoint file",
                  r"size mismatch for [\w.]+: copying a param with shape", r"Weights only load failed",
                  r"WeightsUnpickler error", r"PytorchStreamReader failed", r"invalid load key",
                  r"unexpected key \"module\.",
@@ -176,8 +179,11 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "`pip install torch --index-url https://download.pytorch.org/whl/cu118`.",
          "Or upgrade the driver (Ubuntu: `sudo ubuntu-drivers install`) and reboot."),
         patterns(r"The NVIDIA driver on your system is too old",
-                 r"CUDA driver version is insufficient for CUDA runtime version", r"cudaErrorInsufficientDriver"),
-        keywords=("driver",),
+                 r"CUDA driver version is insufficient for CUDA runtime version", r"cudaErrorInsufficientDriver",
+                 # PTX (torch.compile / Triton / extensions) from a newer CUDA than the driver can compile
+                 r"provided PTX was compiled with an unsupported toolchain",
+                 r"(?i:UNSUPPORTED_PTX_VERSION|cudaErrorUnsupportedPtxVersion)"),
+        keywords=("driver", "ptx"),
     ),
     Rule(
         "cuda_mismatch", "PyTorch's CUDA build does not fit this GPU",
@@ -193,8 +199,10 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"no kernel image is available for execution on the device",
                  r"is not compatible with the current PyTorch installation", r"Torch not compiled with CUDA enabled",
                  r"CUDA error: invalid device function",
-                 r"The detected CUDA version \([\d.]+\) mismatches the version that was used to compile"),
-        keywords=("kernel", "compatible", "cuda", "device"),
+                 r"The detected CUDA version \([\d.]+\) mismatches the version that was used to compile",
+                 # a compiled extension that calls into another torch build (c10::, at::, torch:: mangled)
+                 r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*"),
+        keywords=("kernel", "compatible", "cuda", "device", "undefined symbol"),
         variants=(
             variant((r"Torch not compiled with CUDA enabled",),
                     "PyTorch is a CPU-only build",
@@ -211,6 +219,16 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                     "Compare `nvcc --version` with `python -c 'import torch; print(torch.version.cuda)'`.",
                     "Point the build at a matching toolkit (`export CUDA_HOME=/usr/local/cuda-12.4`) or "
                     "install the torch wheel for your toolkit's CUDA."),
+            variant((r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*",),
+                    "Compiled extension built for another PyTorch",
+                    "A compiled extension (the `.so` named) was built against a different torch version "
+                    "than the one installed, so a torch function it calls does not exist under that name. "
+                    "Upgrading torch after installing the extension, or a prebuilt wheel for another torch, "
+                    "does this.",
+                    "Rebuild it against the installed torch: `pip install --no-build-isolation "
+                    "--force-reinstall --no-cache-dir PACKAGE`.",
+                    "Or install the extension's wheel made for your torch and CUDA version (its release page "
+                    "names them), or the torch version it was built for."),
         ),
     ),
     Rule(
@@ -234,7 +252,8 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  r"could not select device driver \"[^\"]*\" with capabilities: \[\[gpu\]\]",
                  r"(?i:mixed precision requires a GPU)",
                  # the words of scripts and libraries that checked and found none
-                 r"(?i:\bno (?:cuda |nvidia )?(?:gpus?|cuda devices?) (?:were |was )?(?:found|available|detected)\b)",
+                 r"(?i:\bno (?:supported |usable |available )?(?:cuda |nvidia )?(?:gpus?|cuda devices?)(?: backend)? "
+                 r"(?:were |was )?(?:found|available|detected)\b)",
                  r"(?i:\bcuda is not available\b)", r"is_available\(\) (?:is|returned|==) False",
                  r"device_count\(\) (?:is|returned|==) 0\b",
                  # the checkpoint is fine: it was saved on a GPU and this process has none

@@ -93,8 +93,18 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Input type \(torch\.cuda\.\w+\) and weight type \(torch\.(?!cuda\.)\w+\)",
                  r"Input type \(torch\.(?!cuda\.)\w+\) and weight type \(torch\.cuda\.\w+\)",
                  r"is on CPU, but expected (?:it|them) to be on GPU",
-                 r"indices should be either on cpu or on the same device as the indexed tensor"),
+                 r"indices should be either on cpu or on the same device as the indexed tensor",
+                 r"can't convert \w+(?::\d+)? device type tensor to numpy"),
         keywords=("device", "type", "expected", "indices"),
+        variants=(
+            variant((r"can't convert \w+(?::\d+)? device type tensor to numpy",),
+                    "A GPU tensor handed to numpy",
+                    "numpy (or a library built on it: scikit-learn, matplotlib, pandas) was given a tensor "
+                    "that lives on the GPU; numpy reads only host memory.",
+                    "Copy it to the host first: `t.detach().cpu().numpy()` (or `.tolist()` for a few values).",
+                    "Keep metrics on the GPU where you can (`torchmetrics`), and move results once per "
+                    "evaluation, not per batch."),
+        ),
     ),
     Rule(
         "dtype_mismatch", "Tensors of different dtypes",
@@ -113,8 +123,22 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"\(torch\.(?(in_cuda)cuda\.)(?!(?P=in_type)\))\w+\)",
                  r"but type torch\.(?P<a_cuda>cuda\.)?(?P<a_type>\w+) does not equal "
                  r"torch\.(?(a_cuda)cuda\.)(?!(?P=a_type)\b)\w+",
-                 r"result type \w+ can't be cast to the desired output type \w+", r"Found dtype \w+ but expected \w+"),
-        keywords=("type",),
+                 r"result type \w+ can't be cast to the desired output type \w+", r"Found dtype \w+ but expected \w+",
+                 # an op with no kernel for the dtype it got (float class labels, fp16 on the CPU)
+                 r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'"),
+        keywords=("type", "not implemented for"),
+        variants=(
+            variant((r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'",),
+                    "Operation not available for this dtype",
+                    "The operation has no kernel for the dtype it got (named after 'not implemented for'): "
+                    "class labels stored as floats where a loss wants integer indices, or fp16 on the CPU, "
+                    "where many operations have no half-precision kernel.",
+                    "Class labels for cross-entropy / NLL: `y.long()` (store them as integers in the "
+                    "Dataset).",
+                    "On the CPU compute in fp32 (or bf16): `model.float()`, or autocast with "
+                    "`dtype=torch.bfloat16`; keep fp16 for the GPU.",
+                    "Print the dtypes going in: `print(x.dtype, y.dtype, next(model.parameters()).dtype)`."),
+        ),
     ),
     Rule(
         "cudnn_error", "cuDNN error",
@@ -164,6 +188,7 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "output (class indices of shape `(N,)` for CrossEntropyLoss)."),
         patterns(r"mat1 and mat2 shapes cannot be multiplied",
                  r"size of tensor a(?: \(\d+\))? must match the size of tensor b",
+                 r"expanded size of the tensor \(\d+\) must match the existing size \(\d+\)",
                  r"expected input\[.*\] to have \d+ channels, but got \d+ channels instead",
                  r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)",
                  r"shape '\[[^\]]*\]' is invalid for input of size \d+", r"size mismatch, m1: \[",
