@@ -121,3 +121,25 @@ def test_a_gpu_tensor_handed_to_numpy_is_a_device_mismatch():
 def test_an_op_without_a_kernel_for_its_dtype_is_a_dtype_mismatch():
     log = "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
     assert_read_as(log, "dtype_mismatch", "not available for this dtype", "fp32")
+
+
+# --- after the w35 batch: each pattern on a text other than the batch's ---
+
+@pytest.mark.parametrize("log, code", [
+    ("Notebook: your runtime used all available RAM and was restarted.", "cpu_oom_killed"),
+    ("ValueError: Expected parameter concentration (Tensor of shape (16, 3)) of distribution "
+     "Dirichlet(concentration: torch.Size([16, 3])) to satisfy the constraint "
+     "IndependentConstraint(GreaterThan(lower_bound=0.0), 1), but found invalid values:\n"
+     "tensor([[nan, nan, nan]], grad_fn=<SoftplusBackward0>)", "nan_loss"),
+    ("RuntimeError: [3] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value "
+     "store by key '0:1', but store->get('0:1') got error: Timed out after 300 seconds", "nccl_timeout"),
+], ids=["ram-restarted", "dirichlet-nan", "store-get-timed-out"])
+def test_general_patterns_after_the_w35_batch(log, code):
+    assert explain(log).code == code
+
+
+def test_a_store_timeout_after_a_ranks_own_error_names_that_error():
+    log = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.\n"
+           "[rank1]: RuntimeError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via "
+           "c10d key-value store by key '0', but store->get('0') got error: Socket Timeout")
+    assert explain(log).code == "cuda_oom"

@@ -89,8 +89,9 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  # Slurm ("oom_kill event", "OOM Killed"), Kubernetes ("OOMKilled"), a shell's job report
                  # ("line 19: 40718 Killed   python train.py"), 137 = 128 + SIGKILL
                  r"(?i:\boom[ _-]?kill(?:ed|er)?\b)", r"\b\d+ Killed\s{2,}\S",
-                 r"(?i:\bexit(?:ed)?(?: with)?(?: status| code)?:? ?137\b)"),
-        keywords=("kill", "exitcode", "alloc", "memory", "137"),
+                 r"(?i:\bexit(?:ed)?(?: with)?(?: status| code)?:? ?137\b)",
+                 r"(?i:\b(?:used|using) all (?:the )?available (?:RAM|system memory|host memory)\b)"),   # Colab
+        keywords=("kill", "exitcode", "alloc", "memory", "137", "all available", "all the available"),
     ),
     Rule(
         "cuda_oom", "GPU out of memory",

@@ -59,7 +59,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"(?i:found (?:nan|inf) in (?:local )?grad)", r"Invalid loss, terminating training",
                  r"Detected nan and/or inf values in", r"is non-finite, so it cannot be clipped",
                  r"(?i:minimum loss scale reached)", r"loss scale already at minimum",
-                 r"to satisfy the constraint \w+\(\), but found invalid values",   # NaN reaching a distribution
+                 # NaN reaching a distribution, whatever its constraint: Real(), IndependentConstraint(Real(), 1)
+                 r"to satisfy the constraint .{0,120}?, but found invalid values",
                  r"(?i:(?<![a-z])loss\w*['\"]?\s*[:=]\s*tensor\((?:nan|-?inf)\b)",   # a printed loss tensor
                  # a progress table whose loss columns read nan (torch prints it in lower case; pandas' NaN
                  # in a data dump is not a loss)
@@ -316,6 +317,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Heartbeat monitor timed out", r"failed to pass monitoredBarrier",
                  r"Timed out waiting \d+ms for (?:send|recv) operation to complete",
                  r"\bTimeout at NCCL work: \d+", r"Dist(?:Network|Backend)Error: .*(?i:timed out|timeout)",
+                 # a rank waiting in the key-value store for another's NCCL id or address
+                 r"store->(?:get|wait)\([^)]*\) got error: .*(?i:timed out|timeout)",
                  # a collective or the process group named with a timeout, in any order, on one line
                  r"(?i:\b(?:nccl|gloo|collective|barrier|all_?reduce|all_?gather|reduce_?scatter|broadcast)\b"
                  r".{0,80}\b(?:timed out|timeout)\b)",
