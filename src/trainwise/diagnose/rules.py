@@ -90,7 +90,8 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  # ("line 19: 40718 Killed   python train.py"), 137 = 128 + SIGKILL
                  r"(?i:\boom[ _-]?kill(?:ed|er)?\b)", r"\b\d+ Killed\s{2,}\S",
                  r"(?i:\bexit(?:ed)?(?: with)?(?: status| code)?:? ?137\b)",
-                 r"(?i:\b(?:used|using) all (?:the )?available (?:RAM|system memory|host memory)\b)"),   # Colab
+                 r"(?i:\b(?:used|using) all (?:the )?available (?:RAM|system memory|host memory)\b)",   # Colab
+                 r"\[Errno 12\] Cannot allocate memory"),   # fork() of a DataLoader worker, os calls
         keywords=("kill", "exitcode", "alloc", "memory", "137", "all available", "all the available"),
     ),
     Rule(
@@ -106,7 +107,8 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Look for other processes on the GPU with `nvidia-smi`; if reserved memory is much larger than "
          "allocated, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."),
         patterns(r"(?i:CUDA out of memory)", r"CUDA error: out of memory", r"(?i:Cuda failure '?out of memory)",
-                 r"\bOutOfMemoryError\b", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation"),
+                 r"\bOutOfMemoryError\b", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation",
+                 r"(?i:HIP out of memory)"),   # ROCm's wording
         keywords=("memory", "alloc"),
     ),
     Rule(
@@ -202,8 +204,9 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  r"CUDA error: invalid device function",
                  r"The detected CUDA version \([\d.]+\) mismatches the version that was used to compile",
                  # a compiled extension that calls into another torch build (c10::, at::, torch:: mangled)
-                 r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*"),
-        keywords=("kernel", "compatible", "cuda", "device", "undefined symbol"),
+                 r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*",
+                 r"invalid value for --gpu-architecture"),   # nvrtc (JIT) too old for the card
+        keywords=("kernel", "compatible", "cuda", "device", "undefined symbol", "gpu-architecture"),
         variants=(
             variant((r"Torch not compiled with CUDA enabled",),
                     "PyTorch is a CPU-only build",
@@ -246,6 +249,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
                  r"no CUDA-capable device is detected", r"CUDA driver initialization failed", r"cudaErrorNoDevice",
                  r"invalid device ordinal", r"AssertionError: Invalid device id",
+                 r"CUDA-capable device\(s\) (?:is/are|are|is) busy or unavailable",   # exclusive mode, taken
                  r"CUDA unknown error - this may be due to an incorrectly set up environment",
                  r"Error 802: system not yet initialized",
                  r"You requested gpus?: \[", r"(?:CUDA|GPU)Accelerator can not run on your system",

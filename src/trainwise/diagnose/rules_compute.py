@@ -95,7 +95,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Input type \(torch\.(?!cuda\.)\w+\) and weight type \(torch\.cuda\.\w+\)",
                  r"is on CPU, but expected (?:it|them) to be on GPU",
                  r"indices should be either on cpu or on the same device as the indexed tensor",
-                 r"can't convert \w+(?::\d+)? device type tensor to numpy"),
+                 r"can't convert \w+(?::\d+)? device type tensor to numpy",
+                 r"tensors are not at the same device"),   # RNNs: input and hidden state
         keywords=("device", "type", "expected", "indices"),
         variants=(
             variant((r"can't convert \w+(?::\d+)? device type tensor to numpy",),
@@ -126,7 +127,10 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"torch\.(?(a_cuda)cuda\.)(?!(?P=a_type)\b)\w+",
                  r"result type \w+ can't be cast to the desired output type \w+", r"Found dtype \w+ but expected \w+",
                  # an op with no kernel for the dtype it got (float class labels, fp16 on the CPU)
-                 r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'"),
+                 r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'",
+                 r"to have (?:one of the following )?scalar types?:? [\w, ]+; but got \S+ instead",
+                 # dtype names (c10::Half, float), never tensor types (torch.cuda.FloatTensor: a device question)
+                 r"Input type \((?:c10::)?\w+\) and bias type \((?:c10::)?\w+\) should be the same"),
         keywords=("type", "not implemented for"),
         variants=(
             variant((r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'",),
@@ -155,7 +159,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "(slower; a diagnosis, not a fix)."),
         patterns(r"CUDNN_STATUS_[A-Z_]+", r"(?i:cuDNN error)", r"Unable to find a valid cuDNN algorithm",
                  r"(?:GET|FIND) was unable to find an engine to execute this computation",
-                 r"cuDNN version incompatibility"),
+                 r"cuDNN version incompatibility",
+                 r"Could not load library libcudnn\w*", r"(?i:unable to load any of \{?libcudnn)"),
         keywords=("cudnn", "engine"),
         variants=(
             variant((r"CUDNN_STATUS_NOT_INITIALIZED", r"CUDNN_STATUS_ALLOC_FAILED",
@@ -167,6 +172,16 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                     "Try a smaller batch, and check other processes on the GPU with `nvidia-smi`.",
                     "Check `python -c 'import torch; print(torch.backends.cudnn.version())'` and that "
                     "`LD_LIBRARY_PATH` does not point at another cuDNN."),
+            variant((r"Could not load library libcudnn\w*", r"(?i:unable to load any of \{?libcudnn)"),
+                    "cuDNN library could not be loaded",
+                    "The cuDNN library torch needs could not be found or opened: a torch wheel whose cuDNN "
+                    "package is missing or of another version, or an `LD_LIBRARY_PATH` that points at a "
+                    "different one.",
+                    "See which one is found: `python -c 'import torch; print(torch.backends.cudnn.version())'` "
+                    "and `echo $LD_LIBRARY_PATH`.",
+                    "Reinstall torch so its own cuDNN comes with it: `pip install --force-reinstall torch` "
+                    "(the wheel depends on `nvidia-cudnn-cu12`); remove other cuDNN paths from "
+                    "`LD_LIBRARY_PATH`."),
             variant((r"cuDNN version incompatibility",),
                     "cuDNN version differs from torch's",
                     "torch loaded a cuDNN library of another version than it was built against, usually "
@@ -190,6 +205,9 @@ COMPUTE_RULES: tuple[Rule, ...] = (
         patterns(r"mat1 and mat2 shapes cannot be multiplied",
                  r"size of tensor a(?: \(\d+\))? must match the size of tensor b",
                  r"expanded size of the tensor \(\d+\) must match the existing size \(\d+\)",
+                 r"Expected target size \([\d, ]+\), got torch\.Size",
+                 r"Calculated output size: \([^)]*\)\. Output size is too small",
+                 r"only batches of spatial targets supported",
                  r"expected input\[.*\] to have \d+ channels, but got \d+ channels instead",
                  r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)",
                  r"shape '\[[^\]]*\]' is invalid for input of size \d+", r"size mismatch, m1: \[",
