@@ -1,12 +1,13 @@
-"""The levers that make a language-model job fit a card, ranked: every lever not in use, for every method
-(a bf16 base for LoRA included), each re-planned — the changed job traced again at one sequence per
-micro-batch, the least any job runs with — so "LoRA + checkpointing fits a 24 GB card" is a traced statement.
+"""Advice for a language-model job that does not fit: the levers that make it fit a card, ranked. Every lever
+not in use, for every method (a bf16 base for LoRA included), is re-planned — the changed job traced again at
+one sequence per micro-batch, the least any job runs with — so "LoRA + checkpointing fits a 24 GB card" is a
+traced statement.
 
 Order: single levers that fit a card asked about (least slowdown first); then two levers together that fit
 one (so "one card holds it with two levers" comes before renting more); then more cards (FSDP) or a bigger
 card; then the rest by peak, and a shorter context (a different job) last. A lever's slowdown is the ratio
-of step times as llm_time.py computes them for the layouts (the smallest card asked about, micro-batch 1):
-the same numbers the plan prints per layout.
+of step times as llm_time.py computes them for the layouts (advise_layouts.py; the smallest card asked about,
+micro-batch 1): the same numbers the plan prints per layout.
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from dataclasses import dataclass
 
 from trainwise.plan import advise as rules
 from trainwise.plan.catalog import Gpu
-from trainwise.plan.llm_job import base_dtype
-from trainwise.plan.llm_advice import card_budget, card_precision, layouts, work_at, work_of
-from trainwise.plan.llm_plan import LmEstimate, advice_estimates, peak_at_micro_one
-from trainwise.plan.llm_step import LmJob
+from trainwise.plan.advise_layouts import card_budget, card_precision, layouts, work_at, work_of
+from trainwise.plan.llm_estimate import LmEstimate, advice_estimates, peak_at_micro_one
+from trainwise.plan.llm_job import LmJob, base_dtype
 from trainwise.plan.llm_time import step_seconds
 
 LOSS_CHUNK = 1024
@@ -163,7 +163,8 @@ def hardware_levers(est: LmEstimate, gpu: Gpu, catalogue: tuple[Gpu, ...]) -> li
         if row.fits and row.strategy == "fsdp":
             out.append(Lever(f"FSDP over {row.cards} x {gpu.name}", fsdp_command(row.cards), row.needed_bytes,
                              round(row.step_time_s / alone, 3), (gpu.name,), hardware=True))
-    needs_bf16 = est.job.dtype == "bf16" or est.job.method == "qlora"  # bf16 weights: never a V100 or a T4
+    job = est.job  # bf16 weights, or bf16 asked: never a V100 or a T4
+    needs_bf16 = job.dtype == "bf16" or job.method == "qlora" or job.precision_without_bf16 is None
     for card in sorted(catalogue, key=lambda g: (g.memory_bytes, g.name)):
         if card.memory_bytes <= gpu.memory_bytes or (needs_bf16 and not card.bf16):
             continue
