@@ -155,9 +155,10 @@ def test_overrides_on_a_model_are_applied_not_ignored(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(config), "model.nonsense=1"), "nonsense")
 
 
-def _tiny_config_dir(tmp_path):
+def _tiny_config_dir(tmp_path, layers: int = TINY["num_hidden_layers"]):
     from trainwise.llm import hf
-    config = hf.resolve_config("qwen2.5-0.5b", **{k: v for k, v in TINY.items() if k != "head_dim"})
+    fields = {**{k: v for k, v in TINY.items() if k != "head_dim"}, "num_hidden_layers": layers}
+    config = hf.resolve_config("qwen2.5-0.5b", **fields)
     (tmp_path / "model").mkdir(exist_ok=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(config.to_dict()))
     return tmp_path / "model"
@@ -229,10 +230,11 @@ def test_the_sft_lora_recipe_and_plan_model_method_lora_are_the_same_job():
 def test_the_recipe_and_the_model_plan_the_same_job_end_to_end(tmp_path, capsys):
     """The same, as the user runs it: the two commands' JSON reports name one job, and its layouts compute in
     what runtime.precision gives each card for `auto` (bf16 where the card has it, fp16 on a T4)."""
-    model = _tiny_config_dir(tmp_path)
+    model = _tiny_config_dir(tmp_path, layers=2)  # traced whole: two plans stay quick
     common = ["--gpu", "T4", "--gpu", "L4", "--json"]
-    by_recipe = invoke(capsys, "plan", "sft-lora", f"model.hf_config={model}", "data.seq_len=32", *common)
-    by_model = invoke(capsys, "plan", str(model), "--method", "lora", "--seq-len", "32", *common)
+    by_recipe = invoke(capsys, "plan", "sft-lora", f"model.hf_config={model}", "data.seq_len=32",
+                       "train.batch_size=2", *common)
+    by_model = invoke(capsys, "plan", str(model), "--method", "lora", "--seq-len", "32", "--batch", "2", *common)
     assert by_recipe.returncode == 0 and by_model.returncode == 0, by_recipe.stderr + by_model.stderr
     report = json.loads(by_model.stdout)
     job = json.loads(by_recipe.stdout)["job"]
@@ -249,7 +251,7 @@ def test_precision_is_the_runtimes_rule_and_bf16_asked_leaves_a_t4_out(tmp_path,
     from trainwise.cli.plan import plan_config
     from trainwise.plan.job import job_from_config
 
-    model = _tiny_config_dir(tmp_path)
+    model = _tiny_config_dir(tmp_path, layers=2)
     master = job_from_config(plan_config(str(model), ["model.dtype=bf16", "train.precision=fp32"], {}))
     assert master.dtype == "fp32" and master.precision == "bf16"
     asked = invoke(capsys, "plan", str(model), "--method", "lora", "--seq-len", "16", "--batch", "2", "--gpu", "T4",

@@ -143,16 +143,11 @@ def computed_precision(config: RunConfig, bf16_native: bool) -> str | None:
 
 
 def check_job(job: LmJob) -> None:
-    if job.seq_len < 1 or job.batch_size < 1:
-        raise ConfigError("--seq-len and --batch must be positive")
-    if job.micro_batch_size and job.batch_size % job.micro_batch_size:
-        raise ConfigError(f"--micro-batch {job.micro_batch_size} does not divide --batch {job.batch_size}")
-    if job.method not in methods.METHODS:
-        raise ConfigError(f"--method {job.method!r}: use one of {', '.join(methods.METHODS)}")
-    if job.optimizer not in ("adamw", "adamw8bit", "sgd"):
-        raise ConfigError(f"--optimizer {job.optimizer!r}: use adamw, adamw8bit or sgd")
+    """What the schema cannot check without the model (batch, micro-batch, method and optimizer it has): the
+    blocks `freeze` trains exist."""
     if job.method == "freeze" and not 1 <= job.trainable_blocks <= job.depth():
-        raise ConfigError(f"--trainable-blocks {job.trainable_blocks}: the model has {job.depth()} blocks")
+        raise ConfigError(f"model.trainable_blocks={job.trainable_blocks} (--trainable-blocks): the model has "
+                          f"{job.depth()} blocks; train between 1 and {job.depth()} of them.")
 
 
 # the fields a plan cannot do without, by their names in each family: (what it is, the names it goes by)
