@@ -269,7 +269,7 @@ def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
     from trainwise.plan import advise_levers
     from trainwise.plan.advise_levers import Lever
 
-    def traced(est, chosen, gpus, gpu, base_s):
+    def traced(est, chosen, gpus, gpu, base_s, replan):
         names = {c[0] for c in chosen}
         fits = ("Small",) if names == {"gradient checkpointing", "QLoRA (4-bit base, CUDA + bitsandbytes)"} else ()
         return Lever(" + ".join(sorted(names)), "", 10, 1.0 + len(names), fits, any(c[3] for c in chosen),
@@ -277,12 +277,12 @@ def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
 
     small = SimpleNamespace(name="Small", memory_bytes=8 * 2**30)
     monkeypatch.setattr(advise_levers, "_traced", traced)
-    monkeypatch.setattr(advise_levers, "lever_seconds", lambda est, job, gpu: 1.0)
+    monkeypatch.setattr(advise_levers, "lever_seconds", lambda est, job, gpu, replan: 1.0)
     monkeypatch.setattr(advise_levers, "hardware_levers", lambda est, gpu, catalogue: [Lever("FSDP", "", 1, 0.5,
                                                                                            ("Small",), hardware=True)])
     monkeypatch.setattr(advise_levers, "combine", lambda *args: None)
     est = SimpleNamespace(job=job(method="lora", dtype="bf16", seq_len=1024))
-    levers, _ = advise_levers.rank_levers(est, (small,))
+    levers, _ = advise_levers.rank_levers(est, (small,), (), replan=None)  # every trace is made up above
     assert levers[0].levers == 2 and "gradient checkpointing" in levers[0].name and levers[1].name == "FSDP"
 
 

@@ -38,16 +38,16 @@ def plan(
                                         "of DDP and FSDP on each card, and which strategy to use."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
     method: Optional[str] = typer.Option(None, "--method", help="Language models: full, freeze, lora or qlora "
-                                         "(model.method; default full)."),
+                                         "(model.method; a model named alone: full)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Language models: tokens per sequence "
-                                          "(data.seq_len; default 2048)."),
+                                          "(data.seq_len; a model named alone: 2048)."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Language models: sequences per optimizer step "
-                                        "(train.batch_size; default 16)."),
+                                        "(train.batch_size; a model named alone: 16)."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Language models: sequences per "
-                                              "forward/backward (train.micro_batch_size; default: the most that "
-                                              "fits each card)."),
+                                              "forward/backward (train.micro_batch_size; a model named alone: "
+                                              "the most that fits each card)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Language models: the weights' dtype, fp32 or bf16 "
-                                        "(model.dtype; default: bf16 for a frozen base — lora, qlora, freeze — "
+                                        "(model.dtype; a model named alone: bf16 for a frozen base — lora, qlora, freeze — "
                                         "and fp32 master weights for full fine-tuning)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="Language models: autocast auto, bf16, "
                                             "fp16 or fp32 (train.precision; auto: bf16, fp16 where the card "

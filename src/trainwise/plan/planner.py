@@ -19,7 +19,7 @@ from trainwise.plan.advise_layouts import LmAdvice, host_ram, layouts, offload_r
 from trainwise.plan.advise_levers import rank_levers
 from trainwise.plan.catalog import Gpu, PriceList, _key, device_card, find_gpus, load_gpus, prices_in
 from trainwise.plan.job import JobEstimate, advice_inputs, estimate_job, job_from_config
-from trainwise.plan.llm_estimate import LmEstimate, as_dict, estimate_lm
+from trainwise.plan.llm_estimate import LmEstimate, as_dict, estimate_lm, peak_at_micro_one
 from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS, LmJob, method_notes
 from trainwise.plan.llm_time import MFU
 from trainwise.plan.probe import read_machine
@@ -184,7 +184,7 @@ def plan_language_model(job: LmJob, gpus: tuple[Gpu, ...], request: PlanRequest,
     rows = layouts(est, gpus, request.max_gpus, prices, currency, steps)
     result = LmAdvice(layouts=rows, host_ram=host_ram(est))
     if advice and any(r.cards == 1 and not r.fits for r in rows):
-        result.levers, result.combined = rank_levers(est, gpus, load_gpus())
+        result.levers, result.combined = rank_levers(est, gpus, load_gpus(), peak_at_micro_one)
     return LmPlanReport(est, result, gpus, time.perf_counter() - started, notes, steps, currency,
                         prices.as_of if prices is not None else "")
 
