@@ -130,12 +130,13 @@ def test_on_several_cards_the_planner_decides_the_strategy(monkeypatch):
 
 
 def test_the_planner_plans_an_unset_length_as_the_run_trains_it(prepared_text):
-    from trainwise.plan.llm_job import lm_job_from_config
+    from trainwise.plan.job import job_from_config
 
     data, suggested = prepared_text
     config = tiny_config(model={"name": None, "hf_config": "gpt2", "args": {}},
                          data={"name": "prepared", "path": str(data), "seq_len": None})
-    job, notes = lm_job_from_config(config)
+    job = job_from_config(config)
+    notes = job.notes
     assert job.seq_len == suggested and not any("not set" in note for note in notes)
     assert job.precision == "bf16"  # `auto` on the bf16 cards plans are made for: the runtime's one rule
 

@@ -14,6 +14,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan.estimates import Estimates, PeakCurve
+from trainwise.plan.llm_job import LmJob, is_language_model, language_model_job
 from trainwise.plan.memory import trace_step
 from trainwise.plan.traced_step import DeviceKind, StepTrace, TrainingStep
 
@@ -72,13 +73,16 @@ class JobEstimate:
 # ---- from a RunConfig --------------------------------------------------------------------------------------
 
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
-                    cards_without_bf16: tuple[str, ...] = (), ranks: int = 1) -> Job:
+                    cards_without_bf16: tuple[str, ...] = (), ranks: int = 1) -> Job | LmJob:
     """The job one rank of `ranks` runs `config` as: the micro-batch and accumulation are the trainer's for that
     many. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a V100); `auto` precision is
-    then planned as what it resolves to on them."""
+    then planned as what it resolves to on them. A language model (model.hf or model.hf_config) is an LmJob,
+    traced two depths at a time (llm_estimate.py) and timed per card in the precision it computes in there."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.precision import choose_precision
 
+    if is_language_model(config):
+        return language_model_job(config)
     bundle = build_data(config)
     spec = bundle.spec
     train = config.train

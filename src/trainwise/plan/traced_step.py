@@ -1,5 +1,5 @@
 """The step the planner traces, described by what decides its memory (TrainingStep, independent of where it
-runs), and what one trace of it yields (StepTrace): plain data that memory.py fills and job/llm_plan read."""
+runs), and what one trace of it yields (StepTrace): plain data that memory.py fills and job/llm_estimate read."""
 from __future__ import annotations
 
 from collections.abc import Callable
