@@ -153,7 +153,7 @@ def _language_model_memory(job: LmJob, config: RunConfig, kind: str, device: tor
     from trainwise.plan.job import fit_memory
     from trainwise.plan.llm_estimate import estimate_lm
     from trainwise.plan.llm_step import lm_step
-    from trainwise.train.master_weights import computing_precision
+    from trainwise.train.step.master_weights import computing_precision
 
     if kind == "cuda":
         job = job.with_changes(precision=computing_precision(resolve_precision(config.train.precision, device),

@@ -22,7 +22,7 @@ from trainwise.data.prepared import prepared_text_manifest
 from trainwise.errors import ConfigError
 from trainwise.llm import hf, methods
 from trainwise.runtime.precision import choose_precision
-from trainwise.train.master_weights import computing_precision
+from trainwise.train.step.master_weights import computing_precision
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_BATCH = 16
