@@ -26,13 +26,11 @@ def build_lm(job: LmJob, layers: int | None = None, device: str | torch.device |
     the trace builds it under `torch.device("meta")`)."""
     model = hf.build_model(job.config(layers), device=device, dtype=job.dtype)
     if job.method == "qlora":  # planned by size: the adapters on a stand-in 4-bit base (see Planned4bitLinear)
-        model = methods.apply_method(model, "lora", lora=job.lora)
+        model = methods.apply_model_config(model, job.with_changes(method="lora"))
         quantise_base_for_plan(model, hf.torch_dtype(job.dtype))
-    else:
-        model = methods.apply_method(model, job.method, trainable_blocks=job.trainable_blocks, lora=job.lora)
-    if job.gradient_checkpointing:
-        methods.enable_gradient_checkpointing(model)
-    return model.train()
+        return model.train()
+    # the engine's own call (text/lm_builder.py): the same method, blocks, adapters and checkpointing
+    return methods.apply_model_config(model, job).train()
 
 
 def lm_step(job: LmJob, layers: int | None = None, micro_batch: int | None = None, seq_len: int | None = None,
