@@ -4,6 +4,7 @@ Datasets. The batch contract (what a dataset yields, what the model and the loss
 
 The loop never waits for the device between log steps: each step's loss, gradient norm and skip flag stay device
 tensors read at log steps, evaluations and checkpoints (the "settle points", where ranks also agree on stopping).
+Its parts are made by builder.py; callbacks are given a TrainerView (callbacks/base.py), never the Trainer.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from trainwise.train.loop.builder import TrainerParts, build_parts
 from trainwise.train.loop.health import StepHealth, health_problem, unhealthy
 from trainwise.train.loop.summary import RunFacts, RunSummary, early_stop_message, stopped_message
 from trainwise.train.loop.timing import StepTimer
-from trainwise.train.parallel.distributed import agree, peer_lost, reduce_log_record, resume_command
+from trainwise.train.parallel.distributed import agree_on_stopping, peer_lost, reduce_log_record, resume_command
 from trainwise.train.recovery.signals import GracefulStop
 from trainwise.train.step.nonfinite import first_nonfinite_in
 from trainwise.train.step.train_step import LossFn, MicroBatch, StepOutcome
@@ -58,7 +59,8 @@ class Trainer:
         self.config, self.task, self.run_dir, self.state = parts.config, parts.task, parts.run_dir, parts.state
         self.placement = where = parts.placement  # ranks, strategy, device, precision, tf32
         self.ranks, self.device, self.precision = where.ranks, where.device, where.precision
-        self.model, self.forward, self.loss_fn, self.val_data = parts.model, parts.forward, parts.loss_fn, parts.val_data
+        self.model, self.forward, self.loss_fn = parts.model, parts.forward, parts.loss_fn
+        self.val_data = parts.val_data
         self.train_step, self.oom_guard, self.token_figures = parts.train_step, parts.oom_guard, parts.token_figures
         self.scheduler, self.scaler = parts.train_step.scheduler, parts.train_step.scaler
         self.early_stopping, self.checkpointer = parts.early_stopping, parts.checkpointer
@@ -77,15 +79,10 @@ class Trainer:
         self.view = TrainerView(self.config, self.run_dir, self.device, self.model, self.state, self.max_steps,
                                 MappingProxyType(self._metrics), self.request_stop, self.evaluate_and_checkpoint)
 
-    # ---- where the run is (TrainState) -----------------------------------------------------------------
-    step = property(lambda self: self.state.step, lambda self, value: setattr(self.state, "step", value))
-    epoch = property(lambda self: self.state.epoch, lambda self, value: setattr(self.state, "epoch", value))
-    batch_in_epoch = property(lambda self: self.state.batch_in_epoch,
-                              lambda self, value: setattr(self.state, "batch_in_epoch", value))
-
-    @property
-    def micro_batch_size(self) -> int:
-        return self.state.micro_batch_size
+    # ---- where the run is: self.state (TrainState), which the loop advances and a checkpoint restores -----
+    step = property(lambda self: self.state.step)
+    epoch = property(lambda self: self.state.epoch)
+    micro_batch_size = property(lambda self: self.state.micro_batch_size)
 
     @property
     def accumulation_steps(self) -> int:
@@ -129,9 +126,10 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
-        timer = StepTimer(self.device, self.token_figures)
+        state, timer = self.state, StepTimer(self.device, self.token_figures)
+
         def step_groups():  # the data position (TrainState) cut into micro-batches, `accumulation_steps` a step
-            return self.sampler.step_groups(self.loader, self.state, self.accumulation_steps, self.steps_per_epoch,
+            return self.sampler.step_groups(self.loader, state, self.accumulation_steps, self.steps_per_epoch,
                                             timer.timed)
 
         batches = step_groups()
@@ -144,12 +142,12 @@ class Trainer:
                 batches = step_groups()  # the same position, cut into the new micro-batches
                 continue
             self._outcome = outcome
-            self.step += 1
-            self.batch_in_epoch += 1
+            state.step += 1
+            state.batch_in_epoch += 1
             self.health.record(self.step, self._outcome, micro_batches)
             timer.step_done(self._outcome.loss, samples=self.config.train.batch_size, micro_batches=micro_batches)
             self.callbacks.on_step_end(self.view)
-            end_of_epoch = self.batch_in_epoch == self.steps_per_epoch
+            end_of_epoch = state.batch_in_epoch == self.steps_per_epoch
             log_due = self.cadence.should_log(self.step)
             eval_due = self.cadence.should_evaluate(self.step, end_of_epoch=end_of_epoch)
             checkpoint_due = not eval_due and self.cadence.should_checkpoint(self.step)
@@ -162,7 +160,7 @@ class Trainer:
                 timing = timer.flush()
                 self._log_train(reduce_log_record(timing, self.device) if self.ranks.enabled else timing)
             if end_of_epoch:
-                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
             with timer.paused():  # not step time: the next log line reports the steps' own rate
                 if eval_due:
                     self.evaluate_and_checkpoint()
@@ -181,12 +179,8 @@ class Trainer:
         self.state.skipped_steps = reading.skipped_steps
         problem = health_problem(reading, fp16=self.scaler.is_enabled(), step=self.step,
                                  loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else 1.0)
-        signal = self._stop.requested if self._stop else None
-        if self.ranks.enabled:
-            peer_problem, peer_signal = agree([problem is not None, signal is not None], self.device)
-            if peer_problem and problem is None:
-                problem = "another rank saw a non-finite loss or gradients; its log has the evidence."
-            signal = signal or ("peer rank" if peer_signal else None)
+        problem, signal = agree_on_stopping(problem, self._stop.requested if self._stop else None, self.ranks,
+                                            self.device)
         if problem is not None:  # replay the last micro-batch's forward to find where NaN/Inf first shows
             culprit = first_nonfinite_in(self.model, self.forward, micro_batches[-1], self.device,
                                          autocast(self.precision, self.device)) if micro_batches else None
