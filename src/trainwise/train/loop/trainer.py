@@ -102,16 +102,16 @@ class Trainer:
         self._resume() if resume else self._start()
         self._write_summary("running", started)
         self.callbacks.on_fit_start(self.view)
-        with self._ending_recorded(started, saving=False):
-            with GracefulStop() as self._stop:  # the handler only sets a flag; the loop acts on it
-                try:
-                    self._loop()
-                finally:
-                    release_workers(self.loader)
-        # a peer lost during the final (collective) save, or a disk that fills, fails the run like a step does
-        with self._ending_recorded(started, saving=True):
-            with GracefulStop():  # the run stops anyway: a first signal must not cut the final save
-                summary = self._final_writes(started)
+        # the signal handler only sets a flag; the loop acts on it
+        with self._ending_recorded(started, saving=False), GracefulStop() as self._stop:
+            try:
+                self._loop()
+            finally:
+                release_workers(self.loader)
+        # a peer lost during the final (collective) save, or a disk that fills, fails the run like a step does;
+        # the run stops anyway: a first signal must not cut the final save
+        with self._ending_recorded(started, saving=True), GracefulStop():
+            summary = self._final_writes(started)
         self.callbacks.on_fit_end(self.view, summary)
         return summary
 
