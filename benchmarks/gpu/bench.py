@@ -138,7 +138,6 @@ def llama_1b(tmp: Path, dry: bool, device: str) -> dict:
     allocator's peak beside the planner's estimate when the planner can make one."""
     from trainwise.llm.catalogue import lookup
     from trainwise.plan.planner import device_peak_flops
-    from trainwise.train.callbacks.token_rates import PeakFlops
 
     fields = dict(lookup("llama-3.2-1b").config)
     if dry:
@@ -160,8 +159,10 @@ def llama_1b(tmp: Path, dry: bool, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     run = RunDir.create(tmp / "llama-1b")
     started = time.perf_counter()
-    summary = Trainer(model, RandomTokens(batch * 4, length, fields["vocab_size"]), config=config, run_dir=run,
-                      data_spec=spec, callbacks=[PeakFlops(device_peak_flops)]).fit()
+    trainer = Trainer(model, RandomTokens(batch * 4, length, fields["vocab_size"]), config=config, run_dir=run,
+                      data_spec=spec)
+    trainer.token_figures.use_peak(device_peak_flops, trainer.device, trainer.precision, trainer.placement.tf32)
+    summary = trainer.fit()
     records = run.read_metrics("train")[1:] or run.read_metrics("train")
     return {"status": summary["status"], "wall_s": round(time.perf_counter() - started, 1),
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records),

@@ -15,7 +15,9 @@ from trainwise.recipes import load_recipe
 from trainwise.recsys.models import SASRec
 from trainwise.train.callbacks.base import Callback
 from trainwise.train.step.optim import SplitOptimizer
-from trainwise.launch.runs import resume_run, train_run
+from trainwise.launch.resolve import resolve_run
+from trainwise.launch.runs import build_trainer, resume_run, train_run
+from trainwise.rundir import RunDir
 
 OVERRIDES = ["data.args.users=120", "data.args.items=80", "data.args.events=3000", "data.args.categories=4",
              "model.args.loss=sampled", "model.args.num_sampled=16", "model.args.sampling=popularity",
@@ -29,10 +31,9 @@ class WatchItemGradients(Callback):
     """Records the layout of the item table's gradient when backward has made it, inside the step."""
 
     def __init__(self):
-        self.layouts, self.rows, self.optimizer = [], [], None
+        self.layouts, self.rows = [], []
 
     def on_fit_start(self, trainer) -> None:
-        self.optimizer = trainer.optimizer
         table = trainer.model.item_embedding.weight
         table.register_post_accumulate_grad_hook(self._seen)
 
@@ -47,7 +48,10 @@ def test_sparse_item_table_trains_with_sparse_adam_and_resumes_bit_identically(t
     try:
         config = load_recipe("shop-sasrec", OVERRIDES)
         watch = WatchItemGradients()
-        straight = train_run(config, tmp_path / "straight", callbacks=[watch])
+        trainer = build_trainer(resolve_run(config).config, RunDir(tmp_path / "straight"), [watch])
+        trainer.run_dir.initialise()
+        trainer.fit()
+        straight, optimizer = trainer.run_dir, trainer.train_step.optimizer  # a callback's view has no optimizer
         assert straight.read_summary()["status"] == "completed"
         stopped = train_run(config, tmp_path / "stopped", callbacks=[StopAt(11)])  # mid-epoch, off a checkpoint
         assert stopped.read_summary()["status"] == "stopped"
@@ -56,9 +60,9 @@ def test_sparse_item_table_trains_with_sparse_adam_and_resumes_bit_identically(t
         torch.set_num_threads(threads)
     assert watch.layouts and set(watch.layouts) == {torch.sparse_coo}
     assert max(watch.rows) < 81  # only the rows the batch and its negatives touched, never the whole table
-    assert isinstance(watch.optimizer, SplitOptimizer)
-    assert isinstance(watch.optimizer.sparse, torch.optim.SparseAdam)
-    assert watch.optimizer.dense.defaults.get("fused")  # the dense part keeps the fused kernel
+    assert isinstance(optimizer, SplitOptimizer)
+    assert isinstance(optimizer.sparse, torch.optim.SparseAdam)
+    assert optimizer.dense.defaults.get("fused")  # the dense part keeps the fused kernel
     a = load_file(tmp_path / "straight" / "model.safetensors")
     b = load_file(tmp_path / "stopped" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -76,7 +76,7 @@ def _unless_default():
     """NonFiniteValidation, when the Trainer does not already add it to every run."""
     from trainwise.train.callbacks.defaults import default_callbacks as _default_callbacks
 
-    wired = any(isinstance(c, NonFiniteValidation) for c in _default_callbacks(tiny_config()))
+    wired = any(isinstance(c, NonFiniteValidation) for c in _default_callbacks(tiny_config(), "fp32", None))
     return [] if wired else [NonFiniteValidation()]
 
 

@@ -24,7 +24,7 @@ def test_checkpoints_hold_everything_and_keep_n(tmp_path):
     assert set(state) >= {"model", "optimizer", "scheduler", "scaler", "early_stopping", "rng",
                           "data_position", "step", "epoch"}
     assert state["step"] == 30
-    assert state["data_position"] == {"epoch": trainer.epoch, "batch": trainer.batch_in_epoch}
+    assert state["data_position"] == {"epoch": trainer.epoch, "batch": trainer.state.batch_in_epoch}
     assert read_checkpoint(run.checkpoint_path("best"))["step"] == trainer.early_stopping.best_step
     leftovers = [p.name for p in run.checkpoints_dir.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []

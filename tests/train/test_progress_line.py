@@ -87,13 +87,13 @@ def test_the_terminal_eta_follows_the_smoothed_pace():
 def test_the_start_line_says_the_dtype_the_weights_train_in():
     trainer = FakeTrainer()
     trainer.model = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    assert precision_words(trainer) == "bf16 weights"
+    assert precision_words(trainer.model, trainer.precision) == "bf16 weights"
     trainer.model.bias.data = trainer.model.bias.data.float()  # a trainable fp32 part beside a bf16 bulk
     trainer.model.weight.requires_grad_(False)
-    assert precision_words(trainer) == "bf16 weights, trainable in fp32"
+    assert precision_words(trainer.model, trainer.precision) == "bf16 weights, trainable in fp32"
     trainer.model = torch.nn.Linear(4, 4)
     trainer.precision = "bf16"
-    assert precision_words(trainer) == "bf16"  # fp32 weights under bf16 autocast, as before
+    assert precision_words(trainer.model, trainer.precision) == "bf16"  # fp32 weights under bf16 autocast, as before
 
 
 def test_the_bar_line_at_80_columns_keeps_the_step_bar_loss_lr_and_eta():

@@ -25,7 +25,8 @@ from trainwise.train.callbacks.base import Callback
 from trainwise.train.callbacks.live_diagnosis import SanityFindings
 from trainwise.train.loop.run_task import ValidateAsBuilt
 from trainwise.train.parallel.distributed import launched_ranks, leaving_the_job
-from trainwise.train.callbacks.token_rates import PeakFlops
+from trainwise.train.callbacks.token_rates import KeepTokenizer
+from trainwise.train.loop.builder import TrainerParts, build_parts
 from trainwise.train.loop.trainer import Trainer
 
 
@@ -47,26 +48,36 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
 
         findings = sanity_check(config, bundle, model)  # the probe trains this model and restores its weights
         raise_for_errors(findings)
-    sanity = SanityFindings(findings)
-    said = [sanity, PeakFlops(device_peak_flops)]  # the card's catalogue peak, for the run's MFU
-    said += [ValidateAsBuilt()] if getattr(model, "counted", False) else []  # popularity: no step
-    if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
-        from trainwise.train.callbacks.token_rates import KeepTokenizer, check_text_run
+    if bundle.notes.get("tokenizer"):  # text: the kept tokenizer, the data and the model must agree
+        from trainwise.train.callbacks.token_rates import check_text_run
 
         check_text_run(bundle, model, run.tokenizer_dir() if resuming else None, None if resuming else config)
-        said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
-    trainer = Trainer(model, bundle.train, bundle.val, config=config, run_dir=run, callbacks=[*callbacks, *said],
-                      data_spec=bundle.spec, augment=bundle.augment, built_from_config=True)
-    if trainer.device.type == "cpu" and findings:  # a long CPU run is said before its first step, with the levers
-        import torch
+    parts = build_parts(model, bundle.train, bundle.val, config=config, run_dir=run, data_spec=bundle.spec,
+                        augment=bundle.augment, built_from_config=True)
+    where = parts.placement
+    parts.token_figures.use_peak(device_peak_flops, where.device, where.precision, where.tf32)  # the run's MFU
+    if where.device.type == "cpu" and findings:  # a long CPU run is said before its first step, with the levers
+        findings = [*findings, *_slow_on_cpu(findings, parts)]
+    said: list[Callback] = [SanityFindings(findings, main_rank=where.ranks.is_main)]
+    if getattr(model, "counted", False) and bundle.val is not None:  # popularity: no step, validated as built
+        said.append(ValidateAsBuilt())
+    if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
+        said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0]),
+                                  main_rank=where.ranks.is_main))
+    return Trainer.from_parts(parts, callbacks=[*callbacks, *said])
 
-        from trainwise.check.sanity import slow_cpu_run
 
-        slow = slow_cpu_run(findings, batch_size=config.train.batch_size, max_steps=trainer.max_steps,
-                            threads=torch.get_num_threads(), full_softmax=trainer.profile is not None
-                            and trainer.profile.kind == "next_item" and trainer.profile.loss != "sampled_softmax")
-        sanity.findings += [slow] if slow is not None else []
-    return trainer
+def _slow_on_cpu(findings: list, parts: TrainerParts) -> list:
+    """The sanity probe's timing turned into the run's length on this CPU, when that is long (a warning)."""
+    import torch
+
+    from trainwise.check.sanity import slow_cpu_run
+
+    profile = parts.task.profile
+    slow = slow_cpu_run(findings, batch_size=parts.config.train.batch_size, max_steps=parts.max_steps,
+                        threads=torch.get_num_threads(), full_softmax=profile is not None
+                        and profile.kind == "next_item" and profile.loss != "sampled_softmax")
+    return [slow] if slow is not None else []
 
 
 def run_inputs(config: RunConfig, recipe_file: Path | None) -> list[Path]:

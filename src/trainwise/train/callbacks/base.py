@@ -1,15 +1,18 @@
 """Hook points of the training loop. Telemetry, diagnosis, progress display and evaluation attach here
 instead of editing the loop.
 
-Each method is called at one named moment with the trainer (read its `config`, `run_dir`, `device`, `model`,
-`step`, `epoch`, `max_steps`) and the record just produced. A callback must not change the model or the
-optimizer; it may call `trainer.request_stop(reason)`, and `trainer.evaluate_and_checkpoint()` (the loop's
-evaluation point: validate, record, checkpoint) where the loop's cadence would not. `TrainerView` spells that
-view: the Trainer is passed, and a callback written against the view needs nothing else of it.
+Each method is called at one named moment with a `TrainerView` (its `config`, `run_dir`, `device`, `model`,
+`state`, `step`, `epoch`, `max_steps`, and `metrics`: the newest train and validation records) and the record
+just produced. It is not the Trainer: the optimizer, the step, the loader stay the engine's own. A callback must
+not change the model; it may call `view.request_stop(reason)`, and `view.evaluate_and_checkpoint()` (the loop's
+evaluation point: validate, record, checkpoint) where the loop's cadence would not. A callback that needs more
+of the run is given it when it is made (train/loop/builder.py makes the engine's own).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -19,22 +22,34 @@ if TYPE_CHECKING:
 
     from trainwise.config import RunConfig
     from trainwise.rundir.layout import RunDir
+    from trainwise.train.step.state import TrainState
 
 
-class TrainerView(Protocol):
-    """What a callback may read of the trainer it is given, and the two things it may ask of it."""
+@dataclass(frozen=True, slots=True, eq=False)
+class TrainerView:
+    """What a callback may read of the run it is called from, and the two things it may ask of it."""
 
     config: RunConfig
     run_dir: RunDir
     device: torch.device
     model: nn.Module
-    step: int
-    epoch: int
+    state: TrainState
+    """Where the run is (step, epoch, position in the epoch, micro-batch); read it, never set it."""
     max_steps: int
+    metrics: Mapping[str, Mapping[str, Any]]
+    """The newest record of each split logged so far ("train", "val"), as metrics.jsonl has them."""
+    request_stop: Callable[[str], None]
+    """Stop after the current optimizer step, with this reason."""
+    evaluate_and_checkpoint: Callable[[], None]
+    """The loop's evaluation point now: validate, record, update early stopping, checkpoint."""
 
-    def request_stop(self, reason: str) -> None: ...
+    @property
+    def step(self) -> int:
+        return self.state.step
 
-    def evaluate_and_checkpoint(self) -> None: ...
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
 
 
 class Callback:

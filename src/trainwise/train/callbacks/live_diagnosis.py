@@ -7,12 +7,15 @@ the final one cannot disagree.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from trainwise.train.callbacks.base import Callback
 from trainwise.train.loop.progress import TrainingConsole
+
+if TYPE_CHECKING:
+    from trainwise.diagnose.task_profile import TaskProfile
 
 # The rules re-read the whole window each time (a flat loss is measured from where it started), so the
 # checks thin out as the run grows: every 5 log lines, then every 5% of the lines so far. A long run pays
@@ -22,8 +25,12 @@ CHECK_SHARE_OF_LOGS = 20
 
 
 class LiveDiagnosis(Callback):
-    def __init__(self, console: Console | None = None):
+    """`precision`: what the run computes in; `profile`: its task profile (what chance is): the rules judge by
+    them as `trainwise diagnose` does by the summary's."""
+
+    def __init__(self, precision: str, profile: "TaskProfile | None", console: Console | None = None):
         self.console = console or TrainingConsole()
+        self.precision, self.task = precision, profile.to_dict() if profile is not None else None
         self.records: list[dict[str, Any]] = []
         self.reported: set[str] = set()
         self.logs = 0
@@ -47,8 +54,7 @@ class LiveDiagnosis(Callback):
         from trainwise.diagnose.run_rules import live_findings
 
         findings = live_findings(self.records, config=trainer.config, device=str(trainer.device),
-                                 precision=trainer.precision,
-                                 task=trainer.profile.to_dict() if trainer.profile is not None else None)
+                                 precision=self.precision, task=self.task)
         for finding in findings:
             if finding.severity == "info" or finding.code in self.reported:
                 continue
@@ -60,11 +66,13 @@ class LiveDiagnosis(Callback):
 
 
 class SanityFindings(Callback):
-    """Writes the warnings of the pre-training sanity checks (errors already stopped the run) as events."""
+    """Writes the warnings of the pre-training sanity checks (errors already stopped the run) as events, and
+    says them at the terminal on the main rank (`main_rank`)."""
 
-    def __init__(self, findings, console: Console | None = None):
+    def __init__(self, findings, console: Console | None = None, *, main_rank: bool = True):
         self.findings = [f for f in findings if f.severity != "info"]
         self.console = console or TrainingConsole()
+        self.main_rank = main_rank
 
     def on_fit_start(self, trainer) -> None:
         if trainer.step:  # a resumed run logged them when it started
@@ -72,7 +80,7 @@ class SanityFindings(Callback):
         for finding in self.findings:
             trainer.run_dir.log_event("sanity", finding.title, severity=_EVENT_SEVERITY[finding.severity],
                                       step=0, evidence=finding.to_dict())
-            if trainer.ranks.is_main:  # said at the terminal too, in one line, before the first step
+            if self.main_rank:  # said at the terminal too, in one line, before the first step
                 self.console.print(f"[yellow]warning[/]: {finding.title}", highlight=False, soft_wrap=True)
 
 

@@ -9,7 +9,7 @@ it at 6 would overstate an adapter run's MFU by up to half. Below the lowest blo
 freeze`'s frozen blocks, unless a trained input embedding pulls the gradient to the bottom) no backward runs
 at all: those weights cost 2 and their attention 4·H·Q·T. Recomputation under activation checkpointing is
 not counted (that would be hardware FLOPs, not model FLOPs). The peak comes from the GPU catalogue, which the
-engine does not import: launch/ hands a lookup over with `PeakFlops` (a CPU has no catalogue peak, and
+engine does not import: launch/ hands a lookup over with `TokenFigures.use_peak` (a CPU has no catalogue peak, and
 the progress line says so instead of printing a number).
 """
 from __future__ import annotations
@@ -129,7 +129,7 @@ def token_figures(tokens_per_s: float, flops: float, peak_flops: float | None) -
 
 class TokenFigures:
     """What a log interval's tokens/s means for this model: FLOPs per token at the batches' sequence length,
-    and MFU against `peak_flops` (the card's, set by PeakFlops; None on a CPU)."""
+    and MFU against `peak_flops` (the card's, set by use_peak; None on a CPU)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -140,6 +140,15 @@ class TokenFigures:
         if seq_len not in self._flops:
             self._flops[seq_len] = flops_per_token(self.model, seq_len)
         return token_figures(tokens_per_s, self._flops[seq_len], self.peak_flops)
+
+    def use_peak(self, lookup: PeakLookup, device, precision: str, tf32: bool) -> None:
+        """The card's dense peak (FLOP/s) for the run's precision, which `lookup` finds (launch/ looks it up in
+        the planner's catalogue); a CPU has none."""
+        if device.type != "cuda":
+            return
+        import torch
+
+        self.peak_flops = lookup(torch.cuda.get_device_name(device), str(precision), bool(tf32))
 
 
 def record_attention(config, model: nn.Module) -> str | None:
@@ -153,32 +162,17 @@ def record_attention(config, model: nn.Module) -> str | None:
     return attention
 
 
-class PeakFlops(Callback):
-    """Gives the run's token figures its card's dense peak (FLOP/s) for the run's precision, looked up by
-    launch/ in the planner's catalogue."""
-
-    def __init__(self, lookup: PeakLookup):
-        self.lookup = lookup
-
-    def on_fit_start(self, trainer) -> None:
-        if trainer.device.type != "cuda":
-            return
-        import torch
-
-        name = torch.cuda.get_device_name(trainer.device)
-        trainer.token_figures.peak_flops = self.lookup(name, str(trainer.precision), bool(trainer.tf32))
-
-
 class KeepTokenizer(Callback):
     """A text run keeps the tokenizer its data was made with, and its sequence length, in RUN/tokenizer
-    (copied whole, then renamed into place): `trainwise generate` and `export` need nothing else."""
+    (copied whole, then renamed into place, by the main rank: `main_rank`): `trainwise generate` and `export`
+    need nothing else."""
 
-    def __init__(self, source: str | Path, seq_len: int):
-        self.source, self.seq_len = Path(source), seq_len
+    def __init__(self, source: str | Path, seq_len: int, *, main_rank: bool):
+        self.source, self.seq_len, self.main_rank = Path(source), seq_len, main_rank
 
     def on_fit_start(self, trainer) -> None:
         target = trainer.run_dir.tokenizer_dir()
-        if not trainer.ranks.is_main or target.is_dir():
+        if not self.main_rank or target.is_dir():
             return
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from trainwise.data.batch import MicroBatch
+from trainwise.errors import TrainingError
 from trainwise.train.step.train_step import StepOutcome
 
 # GradScaler halves its scale on each overflow: 20 skips in a row is a 2**20 drop, far past the few
@@ -99,6 +100,17 @@ def health_problem(reading: HealthReading, *, fp16: bool, step: int, loss_scale:
                 f"{reading.nonfinite_steps} step(s) up to step {step} were skipped on the device, so the weights "
                 "never took them. Lower optim.lr, check the inputs for NaN/Inf, or keep train.grad_clip_norm on.")
     return None
+
+
+def unhealthy(run_dir, problem: str, reading: HealthReading, culprit: tuple[str, str] | None, *, step: int,
+              lr: float) -> TrainingError:
+    """The error that stops the run for `problem`, recorded first as a `nonfinite` event with its evidence and
+    `culprit` (the module whose output first went non-finite, and how), when one was found."""
+    if culprit:
+        problem += f" First non-finite output on this step's last micro-batch: {culprit[0]} ({culprit[1]})."
+    run_dir.log_event("nonfinite", problem, severity="error", step=reading.first_nonfinite_step or step,
+                      evidence=reading.evidence(culprit[0] if culprit else None, lr=lr))
+    return TrainingError(problem)
 
 
 def _pairs(micro_batches: Sequence[MicroBatch]) -> Sequence[MicroBatch]:

@@ -109,36 +109,38 @@ class StepPace:
         return None if self.average is None else self.average * remaining
 
 
-def _starting(trainer) -> str:
+def _starting(trainer, precision: str | None) -> str:
     if trainer.step:
         start = f"resuming from step {trainer.step} of {trainer.max_steps} (epoch {trainer.epoch})"
     else:
         start = f"training {trainer.max_steps} steps"
-    attention = getattr(getattr(getattr(trainer, "model", None), "config", None), "_attn_implementation", None)
+    model = getattr(trainer, "model", None)
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     with_attention = f", {attention} attention" if attention else ""
-    return (f"{start} on {trainer.device} ({precision_words(trainer)}{with_attention}); run directory "
+    return (f"{start} on {trainer.device} ({precision_words(model, precision)}{with_attention}); run directory "
             f"{trainer.run_dir.path}")
 
 
-def precision_words(trainer) -> str:
+def precision_words(model, precision: str | None) -> str:
     """What the run computes in: the autocast precision, and the weights' own dtype where that is not fp32 (a
-    bf16 base trains in bf16 whatever autocast says), with the trainable ones' where they differ (LoRA)."""
+    bf16 base trains in bf16 whatever autocast says), with the trainable ones' where they differ (LoRA).
+    `precision` None (a display made without it): the weights' dtype alone."""
     import torch
 
-    model = getattr(trainer, "model", None)
+    precision = precision or "fp32"
     sizes: dict[tuple[torch.dtype, bool], int] = {}
     for parameter in model.parameters() if isinstance(model, torch.nn.Module) else ():
         key = (parameter.dtype, parameter.requires_grad)
         sizes[key] = sizes.get(key, 0) + parameter.numel()
     if not sizes:
-        return trainer.precision
+        return precision
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
     bulk = name.get(max(sizes, key=sizes.get)[0], "?")
     trained = {name.get(dtype, "?") for (dtype, trainable) in sizes if trainable}
     if bulk == "fp32" and trained <= {"fp32"}:
-        return trainer.precision
+        return precision
     words = f"{bulk} weights" + (f", trainable in {'/'.join(sorted(trained))}" if trained - {bulk} else "")
-    return words if trainer.precision in ("fp32", bulk) else f"{words}, {trainer.precision} autocast"
+    return words if precision in ("fp32", bulk) else f"{words}, {precision} autocast"
 
 
 # event kinds the terminal shows when they happen (live diagnoses, the sanity checks before step 1, warnings
@@ -148,8 +150,9 @@ SHOWN_AS_THEY_HAPPEN = ("diagnosis", "sanity", "checkpoint_fallback", "config_ch
 
 
 class ProgressDisplay(Callback):
-    def __init__(self, console: Console | None = None, clock=None):
+    def __init__(self, console: Console | None = None, clock=None, *, precision: str | None = None):
         self.console = console or TrainingConsole()
+        self.precision = precision  # what the run computes in (the builder gives the engine's display)
         self.progress: Progress | None = None
         self.task = None
         self.clock = clock or (lambda: time.perf_counter())  # looked up at each call: tests patch it
@@ -163,7 +166,7 @@ class ProgressDisplay(Callback):
         self.pace.start()
         self.first_step = trainer.step
         self.events_before = len(trainer.run_dir.read_events())
-        self.console.print(_starting(trainer), highlight=False, soft_wrap=True)
+        self.console.print(_starting(trainer, self.precision), highlight=False, soft_wrap=True)
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"), BarColumn(bar_width=BAR_WIDTH),

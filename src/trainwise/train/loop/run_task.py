@@ -37,8 +37,9 @@ def planned_steps(model: Any, config: RunConfig, num_train: int) -> int:
 
 
 class ValidateAsBuilt(Callback):
-    """A model fitted by counting trains no step: it is validated (and checkpointed as `best`) once, as built."""
+    """A model fitted by counting trains no step: it is validated (and checkpointed as `best`) once, as built.
+    Given only to a run that has validation data."""
 
     def on_fit_start(self, trainer) -> None:
-        if trainer.max_steps == 0 and trainer.val_data is not None and trainer.step == 0:
+        if trainer.max_steps == 0 and trainer.step == 0:
             trainer.evaluate_and_checkpoint()  # the same record, checkpoint and terminal line as any evaluation

@@ -178,6 +178,17 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
     return [v > 0 for v in value.tolist()]
 
 
+def agree_on_stopping(problem: str | None, signal: str | None, ranks: Ranks,
+                      device: torch.device) -> tuple[str | None, str | None]:
+    """A settle point's (problem, signal), the same on every rank: what one rank saw stops them all."""
+    if not ranks.enabled:
+        return problem, signal
+    peer_problem, peer_signal = agree([problem is not None, signal is not None], device)
+    if peer_problem and problem is None:
+        problem = "another rank saw a non-finite loss or gradients; its log has the evidence."
+    return problem, signal or ("peer rank" if peer_signal else None)
+
+
 # DDP's own default bucket size (bucket_cap_mb=25): big enough to amortise a collective's latency, small
 # enough that the flattened copy costs little memory next to the gradients themselves
 GRADIENT_BUCKET_BYTES = 25 * 2**20

@@ -11,11 +11,15 @@ run was resumed, then no longer matters.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
+
+
+T = TypeVar("T")
 
 
 class SeededBatch(list):
@@ -51,6 +55,22 @@ class ResumableBatchSampler(Sampler[list[int]]):
             self.micro_batch_size = micro_batch_size
         if batches_per_epoch is not None:
             self.batches_per_epoch = batches_per_epoch
+
+    def step_groups(self, loader: Iterable[T], state: Any, accumulation_steps: int, steps_per_epoch: int,
+                    timed: Callable[[Iterator[T]], Iterator[T]] = iter) -> Iterator[list[T]]:
+        """Groups of `accumulation_steps` micro-batches of `loader` (built over this sampler), one optimizer step
+        each, epoch after epoch from the TrainState `state`'s data position, cut at its micro-batch size (after an
+        out-of-memory recovery the loop asks for new groups). `timed` wraps each epoch's iterator."""
+        while True:
+            self.set_position(state.epoch, state.batch_in_epoch * accumulation_steps,
+                              micro_batch_size=state.micro_batch_size,
+                              batches_per_epoch=steps_per_epoch * accumulation_steps)
+            group = []
+            for micro_batch in timed(iter(loader)):
+                group.append(micro_batch)
+                if len(group) == accumulation_steps:
+                    yield group
+                    group = []
 
     def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:

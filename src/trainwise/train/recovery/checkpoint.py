@@ -7,11 +7,12 @@ RunDir writes it atomically.
 Two layouts, chosen by train.strategy: one file written by rank 0 (single, ddp: every rank holds the whole
 model), or a sharded directory every rank writes its part of (fsdp, train/parallel/sharded_checkpoint.py). The
 Checkpointer is built once from the parts it saves and chooses the layout in one place (`_sharded`); the
-Trainer only calls `save`, `choose`, `load`, `restore_best` and `final_weights`.
+Trainer only calls `save`, `resume`, `restore_best` and `write_final`.
 """
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from trainwise.config.diff import config_record
-from trainwise.errors import DamagedFileError, RunDirError
+from trainwise.errors import DamagedFileError, RunDirError, RunDirWarning
 from trainwise.rundir.checkpoint_files import checkpoint_writer, read_checkpoint, resume_checkpoint
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.runtime.model_state import StateMismatch, check_same_base, kept_state, load_kept_state, save_record
@@ -145,6 +146,21 @@ class Checkpointer:
 
             return sharded_checkpoint.choose(self.run_dir, self.ranks)
         return resume_checkpoint(self.run_dir, sharded=False)
+
+    def resume(self) -> Path:
+        """Continue from `last`, or the newest intact step (said, at the terminal too, when it is not `last`);
+        the metrics logged after it are dropped. Returns the checkpoint's path."""
+        choice = self.choose()
+        if choice.notice:
+            self.run_dir.log_event("checkpoint_fallback", choice.notice, severity="warning", step=choice.step)
+            if self.ranks.is_main:  # said at the terminal too, not only recorded in events.jsonl
+                warnings.warn(choice.notice, RunDirWarning, stacklevel=4)
+        self.load(choice.path)
+        state = self.state
+        self.run_dir.drop_metrics_after(state.step)
+        self.run_dir.log_event("resumed", f"resumed from step {state.step} (epoch {state.epoch}, batch "
+                               f"{state.batch_in_epoch})", step=state.step, evidence={"checkpoint": choice.path.name})
+        return choice.path
 
     def load(self, path: Path) -> None:
         """Continue from the checkpoint at `path`."""
