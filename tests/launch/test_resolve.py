@@ -78,6 +78,28 @@ def test_the_length_rule_is_one_function():
     assert text_sequence_length(None, {}) == DEFAULT_TEXT_SEQ_LEN
 
 
+def test_chat_data_trains_at_its_longest_sample_not_at_prepares_cut(tmp_path):
+    """Issue 35 item 1: prepare's default cut (2,048) was train's length, so 200 short conversations packed
+    into a handful of rows: a few optimizer steps, and a model with a shorter context refused."""
+    import json
+
+    from tests.text.sft_data import reverse_chats
+
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in reverse_chats(60)))
+    manifest = prepare_corpus(source, tmp_path / "ds", PrepareOptions(template="chatml", train_tokenizer=300,
+                                                                        test_fraction=0.0)).manifest
+    assert manifest["instruct"]["seq_len"] == 2048 and manifest["lengths"]["max"] < 64
+    config = load_recipe("sft-lora", [f"model.hf_config={tmp_path}", f"data.path={tmp_path / 'ds'}",
+                                      "train.device=cpu", "train.micro_batch_size=1"])
+    resolved = resolve_run(config)
+    assert resolved.config.data.seq_len == 64 and "longest sample" in resolved.event()["message"]
+    assert text_sequence_length(None, {"instruct": {"seq_len": 2048},
+                                       "lengths": {"suggested_seq_len": 512, "max": 700}}) == 704
+    assert text_sequence_length(None, {"instruct": {"seq_len": 48},  # prepare's --seq-len stays the ceiling
+                                       "lengths": {"suggested_seq_len": 64, "max": 48}}) == 48
+
+
 def test_the_legal_micro_batches_are_one_rule():
     from trainwise.plan.advise import micro_batch_for
     from trainwise.train.recovery import smaller_micro_batch

@@ -104,7 +104,7 @@ def _sequence_length(config: RunConfig, ranks: Ranks, device: torch.device) -> C
     manifest = prepared_text_manifest(config.data) if config.data.seq_len is None else None
     if manifest is None:
         return None
-    why = ("the longest sample `trainwise prepare` kept" if manifest.get("instruct")
+    why = ("the longest sample `trainwise prepare` kept, to a multiple of 64" if manifest.get("instruct")
            else "the length `trainwise prepare` suggested for the corpus")
     return Choice("data.seq_len", text_sequence_length(None, manifest), why)
 
