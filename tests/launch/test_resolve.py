@@ -94,10 +94,33 @@ def test_chat_data_trains_at_its_longest_sample_not_at_prepares_cut(tmp_path):
                                       "train.device=cpu", "train.micro_batch_size=1"])
     resolved = resolve_run(config)
     assert resolved.config.data.seq_len == 64 and "longest sample" in resolved.event()["message"]
+    assert resolved.config.model.dtype == "fp32"  # the recipe's `auto` base dtype, on the CPU
     assert text_sequence_length(None, {"instruct": {"seq_len": 2048},
                                        "lengths": {"suggested_seq_len": 512, "max": 700}}) == 704
     assert text_sequence_length(None, {"instruct": {"seq_len": 48},  # prepare's --seq-len stays the ceiling
                                        "lengths": {"suggested_seq_len": 64, "max": 48}}) == 48
+
+
+def test_a_frozen_base_is_fp32_on_the_cpu_and_bf16_on_a_bf16_card_unless_the_user_says(monkeypatch):
+    """Issue 35 item 6: the sft-lora recipe's bf16 base trained on the CPU in bf16 weights, which is slow there;
+    `auto` is decided by the device, recorded, and an explicit model.dtype is kept."""
+    from trainwise.runtime import precision
+    from trainwise.text.language_model import _dtype
+
+    recipe = load_recipe("sft-lora", ["model.hf_config=llama-3.2-1b", "data.seq_len=64", "train.device=cpu",
+                                      "train.micro_batch_size=1"])
+    assert recipe.model.dtype == "auto"
+    resolved = resolve_run(recipe)
+    assert (resolved.config.model.dtype, resolved.config.train.precision) == ("fp32", "fp32")
+    assert "model.dtype=fp32 (auto on cpu" in resolved.event()["message"]
+    assert _dtype(recipe.model) == "float32" or torch.cuda.is_available()  # lr-find and check: the same rule
+    explicit = resolve_run(load_recipe("sft-lora", ["model.hf_config=llama-3.2-1b", "data.seq_len=64",
+                                                    "train.device=cpu", "train.micro_batch_size=1",
+                                                    "model.dtype=bf16"]))
+    assert explicit.config.model.dtype == "bf16" and "model.dtype" not in explicit.event()["evidence"]
+    monkeypatch.setattr(precision, "resolve_precision", lambda name, device: "bf16")  # a bf16 card
+    assert precision.resolve_weight_dtype("auto", torch.device("cpu")) == "bf16"
+    assert precision.resolve_weight_dtype("fp32", torch.device("cpu")) == "fp32"
 
 
 def test_the_legal_micro_batches_are_one_rule():

@@ -81,7 +81,7 @@ def text_sequence_length(seq_len: int | None, manifest: Mapping[str, Any]) -> in
 # The settings launch/'s resolve step decides when they say `auto` (or are unset): config.yaml records the
 # decision. A config that leaves one of them open asks for the same run as a recorded config that holds any value.
 RESOLVED_SETTINGS = (("data", "seq_len"), ("train", "precision"), ("train", "strategy"),
-                     ("train", "micro_batch_size"), ("model", "attention"))
+                     ("train", "micro_batch_size"), ("model", "attention"), ("model", "dtype"))
 
 
 def as_recorded(asked: dict[str, Any], recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -79,7 +79,8 @@ def lm_job_from_config(config: RunConfig, optimizer: str | None = None) -> tuple
     job = LmJob(model=spec, seq_len=seq_len, batch_size=train.batch_size, micro_batch_size=micro,
                 method=model.method, trainable_blocks=model.trainable_blocks,
                 lora=methods.LoraSettings.from_config(model.lora),
-                dtype="fp32" if methods.holds_master_weights(model) else model.dtype,  # fp32 master weights
+                dtype="fp32" if methods.holds_master_weights(model)  # fp32 master weights; auto: a bf16 card's
+                else base_dtype(model.method) if model.dtype == "auto" else model.dtype,
                 precision=choose_precision(train.precision, "cuda", bf16_native=True),  # auto: what bf16 cards run
                 optimizer=optimizer or ("adamw" if config.optim.name == "adam" else config.optim.name),
                 gradient_checkpointing=model.gradient_checkpointing, loss_chunk_size=model.loss_chunk_size,
