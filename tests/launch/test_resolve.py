@@ -85,15 +85,23 @@ def test_chat_data_trains_at_its_longest_sample_not_at_prepares_cut(tmp_path):
 
     from tests.text.sft_data import reverse_chats
 
+    from trainwise.text.prepare import summary_lines
+
+    rows = reverse_chats(60)
+    rows[0]["messages"][0]["content"] += " please" * 60  # one long sample: longer than prepare's suggestion
     source = tmp_path / "chats.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in reverse_chats(60)))
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     manifest = prepare_corpus(source, tmp_path / "ds", PrepareOptions(template="chatml", train_tokenizer=300,
-                                                                        test_fraction=0.0)).manifest
-    assert manifest["instruct"]["seq_len"] == 2048 and manifest["lengths"]["max"] < 64
+                                                                        val_fraction=0.0, test_fraction=0.0)).manifest
+    lengths = manifest["lengths"]
+    assert manifest["instruct"]["seq_len"] == 2048 and lengths["suggested_seq_len"] == 64 < lengths["max"] <= 192
     config = load_recipe("sft-lora", [f"model.hf_config={tmp_path}", f"data.path={tmp_path / 'ds'}",
                                       "train.device=cpu", "train.micro_batch_size=1"])
     resolved = resolve_run(config)
-    assert resolved.config.data.seq_len == 64 and "longest sample" in resolved.event()["message"]
+    assert resolved.config.data.seq_len == -(-lengths["max"] // 64) * 64  # the long sample stays whole
+    assert "longest sample" in resolved.event()["message"]
+    said = f"(suggested {resolved.config.data.seq_len}, what train uses"  # prepare says the length train takes
+    assert any(said in line for line in summary_lines(manifest))
     assert resolved.config.model.dtype == "fp32"  # the recipe's `auto` base dtype, on the CPU
     assert text_sequence_length(None, {"instruct": {"seq_len": 2048},
                                        "lengths": {"suggested_seq_len": 512, "max": 700}}) == 704
