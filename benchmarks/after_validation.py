@@ -6,7 +6,7 @@ train sft-lora model.hf=DIR`), over a small random-init Llama saved as a Hugging
 model.safetensors and a tokenizer with a chat template), so the model is loaded with `from_pretrained`, as a real
 one is. Each try validates at step VALIDATE_AT (and after its last step); the median step time before it (steps
 3..VALIDATE_AT, the first two warm up) is compared with the median after it (steps VALIDATE_AT + 1 on, whose logged
-time leaves the validation pass out, train/timing.py). Several tries: the median of their ratios.
+time leaves the validation pass out, train/loop/timing.py). Several tries: the median of their ratios.
 
 The sanity checks are off (`train.sanity=false`): their one-batch probe trains the model before step 1 and so put
 every module in training mode, which hid what the engine itself did. The cause found: transformers loads a model

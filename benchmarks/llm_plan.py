@@ -57,8 +57,8 @@ def summarise(rows: list[dict]) -> dict:
             "truth": "CPU allocator peak (torch.profiler allocation events, counted from before the model is built) "
                      "inside the Trainer's step range (trainwise.train_step: forward/backward of the step's "
                      "micro-batches, clipping, optimizer update, zero_grad) while trainwise's own Trainer "
-                     "(train/trainer.py) builds the model from the config (model.hf_config, method, dtype, "
-                     "checkpointing: text/language_model.py) and runs 2 optimizer steps (batch 2, micro-batch 2, "
+                     "(train/loop/trainer.py) builds the model from the config (model.hf_config, method, dtype, "
+                     "checkpointing: text/lm_builder.py) and runs 2 optimizer steps (batch 2, micro-batch 2, "
                      "AdamW, clip 1.0) over an in-memory token dataset; the planner traces the same step. "
                      "'fit_peak_bytes' is the peak over the whole fit (model build, loader, logging, the end of "
                      "the run); no evaluation and no checkpoint ran (eval.every_steps and checkpoint.every_steps "
@@ -91,9 +91,9 @@ def trainer_peak(job, config_path: Path, run_dir: Path) -> tuple[int, int]:
     from trainwise.data.bundle import DataSpec
     from trainwise.plan.probe import cpu_peaks
     from trainwise.rundir import RunDir
-    from trainwise.text.language_model import build_language_model
-    from trainwise.train.step import STEP_RANGE
-    from trainwise.train.trainer import Trainer
+    from trainwise.text.lm_builder import build_language_model
+    from trainwise.train.step.train_step import STEP_RANGE
+    from trainwise.train.loop.trainer import Trainer
 
     vocab = job.config().vocab_size
     config = config_from_dict({

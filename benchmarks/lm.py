@@ -37,10 +37,10 @@ from common import write_result  # noqa: E402
 
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data, build_model  # noqa: E402
-from trainwise.runtime.language_model import token_metrics  # noqa: E402
+from trainwise.runtime.token_batches import token_metrics  # noqa: E402
 from trainwise.launch.runs import train_run  # noqa: E402
 from trainwise.runtime.seed import seed_everything  # noqa: E402
-from trainwise.train.sampler import ResumableBatchSampler  # noqa: E402
+from trainwise.train.parallel.sampler import ResumableBatchSampler  # noqa: E402
 
 LOG_EVERY = 25
 CONSTANT = ["schedule.decay=constant", "schedule.warmup_steps=0", "telemetry.enabled=false", "train.device=cpu",

@@ -36,11 +36,11 @@ from common import write_result  # noqa: E402
 from trainwise.recipes import load_recipe  # noqa: E402
 from trainwise.recipes.factories import build_data, build_model  # noqa: E402
 from trainwise.rundir.layout import RunDir  # noqa: E402
-from trainwise.train.host_syncs import HostSyncCounter  # noqa: E402
-from trainwise.train.optim import parameter_groups  # noqa: E402
+from trainwise.train.loop.host_syncs import HostSyncCounter  # noqa: E402
+from trainwise.train.step.optim import parameter_groups  # noqa: E402
 from trainwise.launch.runs import build_trainer  # noqa: E402
 from trainwise.runtime.seed import seed_everything  # noqa: E402
-from trainwise.train.schedule import lr_factor  # noqa: E402
+from trainwise.train.step.schedule import lr_factor  # noqa: E402
 
 # early stopping off: every run takes the same 600 steps. Validation at epoch ends off: the recipe also
 # validates every 100 steps, a schedule the hand loop and Lightning can follow exactly. The sanity checks

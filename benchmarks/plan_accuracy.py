@@ -35,7 +35,7 @@ from trainwise.plan.memory import trace_step  # noqa: E402
 from trainwise.plan.traced_step import TrainingStep  # noqa: E402
 from trainwise.plan.probe import peak_bytes  # noqa: E402
 from trainwise.recipes.models import CheckpointedSequential  # noqa: E402
-from trainwise.train.step import STEP_RANGE  # noqa: E402
+from trainwise.train.step.train_step import STEP_RANGE  # noqa: E402
 
 
 # ---- models -------------------------------------------------------------------------------------------------

@@ -144,9 +144,9 @@ def exact_match_by_task(run_or_model: Path, held_out: list, *, merged: bool = Fa
     import torch
 
     from trainwise.evaluate.finetune import exact_match, split_prompt
-    from trainwise.text.chat_templates import choose_template
+    from trainwise.data.text.chat_templates import choose_template
     from trainwise.evaluate.run_model import load_run_model
-    from trainwise.text.tokenizer import ModelTokenizer
+    from trainwise.data.text.tokenizer import ModelTokenizer
 
     if merged:  # a Hugging Face directory (the base): its own tokenizer and template
         from transformers import AutoModelForCausalLM
@@ -211,7 +211,7 @@ def main() -> None:
             "prepare", str(work / "sft-chats"), "--to", str(work / name), "--tokenizer", str(work / "base-model"),
             "--seq-len", "64", "--val-fraction", "0.05", "--test-fraction", "0.1", *extra, log=work / f"{name}.log")
     from trainwise.data.shards import read_manifest
-    from trainwise.text.instruct_prepare import read_held_out
+    from trainwise.data.text.chat_prepare import read_held_out
 
     held_out = read_held_out(work / "sft-data", "test")
     manifest = read_manifest(work / "sft-data")

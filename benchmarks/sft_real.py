@@ -69,7 +69,7 @@ def trl_rows(rows: Path, data: Path, out: Path) -> int:
     """The rows trainwise's prepare kept for training (all but its val and test conversations), as TRL's
     conversational prompt-completion rows."""
     from trainwise.evaluate.finetune import split_prompt
-    from trainwise.text.instruct_prepare import read_held_out
+    from trainwise.data.text.chat_prepare import read_held_out
 
     held = {split_prompt(c)[0][-1]["content"] for split in ("val", "test") for c in read_held_out(data, split)}
     kept = [json.loads(line) for line in rows.read_text().splitlines()]
@@ -246,8 +246,8 @@ def rendering_agrees(model_dir: Path, data: Path, held_out: list) -> bool:
     import transformers
 
     from trainwise.evaluate.finetune import split_prompt
-    from trainwise.text.chat_templates import saved_template
-    from trainwise.text.tokenizer import load_tokenizer
+    from trainwise.data.text.chat_templates import saved_template
+    from trainwise.data.text.tokenizer import load_tokenizer
 
     ours = saved_template(data / "tokenizer", load_tokenizer(data / "tokenizer"))
     theirs = transformers.AutoTokenizer.from_pretrained(str(model_dir))
@@ -275,7 +275,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     (work / "runs").mkdir(parents=True)
     from trainwise.llm.gguf import model_directory
-    from trainwise.text.instruct_prepare import read_held_out
+    from trainwise.data.text.chat_prepare import read_held_out
 
     model_dir = model_directory(gguf)
     write_rows(work / "chats.jsonl", s["rows"])

@@ -40,7 +40,7 @@ from trainwise.config import TelemetryConfig  # noqa: E402
 from trainwise.recipes.models import cnn  # noqa: E402
 from trainwise.telemetry.nvml import open_nvml  # noqa: E402
 from trainwise.telemetry.sampler import HostMeter, read_sample  # noqa: E402
-from trainwise.train.telemetry_callback import TelemetryCallback  # noqa: E402
+from trainwise.train.callbacks.telemetry import TelemetryCallback  # noqa: E402
 
 BLOCK_S, CYCLES, SAMPLE_CALLS = 6.0, 6, 200
 CYCLE = ["off", "default_2s", "off", "stress_0.25s"]

@@ -161,7 +161,7 @@ def tiny_disk(tmp_path):
 
 def stop_at(step: int):
     """A callback that asks the trainer to stop after `step`, as a signal would (checkpoint, status stopped)."""
-    from trainwise.train.callbacks import Callback
+    from trainwise.train.callbacks.base import Callback
 
     class StopAt(Callback):
         def on_step_end(self, trainer):

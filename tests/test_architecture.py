@@ -25,7 +25,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "findings": frozenset({"errors"}),
     "config": frozenset({"errors"}),
     "rundir": frozenset({"config", "errors"}),
-    "data": _F,
+    "data": _F | {"llm"},  # a --tokenizer that is a GGUF file goes through the one door to Hugging Face
     "runtime": _F | {"data", "llm"},
     "telemetry": _F,
     "llm": _F,
@@ -251,7 +251,7 @@ def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("def f():\n    from trainwise.train.trainer import Trainer\n", "data → train"),
+    ("def f():\n    from trainwise.train.loop.trainer import Trainer\n", "data → train"),
     ("from trainwise.evaluate import curves\n", "data → evaluate"),
     ("import trainwise.plan.job\n", "data → plan"),
     ("from ..train import checkpoint\n", "data → train"),
@@ -263,7 +263,7 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path, source, ex
 
 
 def test_the_checker_says_why_evaluation_may_not_use_the_engine(tmp_path):
-    [problem] = violations(_fake_tree(tmp_path, {"evaluate/peek.py": "from trainwise.train.step import TrainStep\n"}))
+    [problem] = violations(_fake_tree(tmp_path, {"evaluate/peek.py": "from trainwise.train.step.train_step import TrainStep\n"}))
     assert "peek.py:1" in problem and "evaluate → train" in problem and "runtime" in problem
 
 

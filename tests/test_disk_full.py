@@ -11,7 +11,7 @@ import trainwise.rundir.atomic
 import trainwise.rundir.records
 from trainwise.errors import DiskFullError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import checkpoint_writer, read_checkpoint
+from trainwise.train.recovery.checkpoint import checkpoint_writer, read_checkpoint
 
 NO_SPACE = r"no space left on .*checkpoints \((\d+(\.\d)?) MiB free, a checkpoint needs (\d+(\.\d)?) MiB\)"
 

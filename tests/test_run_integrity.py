@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from trainwise.errors import DamagedFileError, RunDirError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import checkpoint_writer, read_checkpoint
+from trainwise.train.recovery.checkpoint import checkpoint_writer, read_checkpoint
 
 
 def _checkpoint(step: int) -> dict:

@@ -138,7 +138,7 @@ def llama_1b(tmp: Path, dry: bool, device: str) -> dict:
     allocator's peak beside the planner's estimate when the planner can make one."""
     from trainwise.llm.catalogue import lookup
     from trainwise.plan.planner import device_peak_flops
-    from trainwise.train.language_model import PeakFlops
+    from trainwise.train.callbacks.token_rates import PeakFlops
 
     fields = dict(lookup("llama-3.2-1b").config)
     if dry:

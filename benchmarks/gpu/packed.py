@@ -44,7 +44,7 @@ def timed_steps(step, batch: dict, device: str, steps: int) -> tuple[float, int 
 
 def llama_1b_packed(dry: bool, device: str) -> dict:
     from trainwise.llm import hf
-    from trainwise.train.step import StepSettings, TrainStep
+    from trainwise.train.step.train_step import StepSettings, TrainStep
 
     if device == "cuda" and not torch.cuda.is_available():
         return {"skipped": "no CUDA device"}

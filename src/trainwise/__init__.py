@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RunConfig": "config", "config_from_dict": "config", "load_config": "config",
     "ArrayDataset": "data.bundle", "DataBundle": "data.bundle", "DataSpec": "data.bundle",
-    "TrainwiseError": "errors", "RunDir": "rundir", "Callback": "train.callbacks", "Trainer": "train.trainer",
+    "TrainwiseError": "errors", "RunDir": "rundir", "Callback": "train.callbacks.base", "Trainer": "train.loop.trainer",
 }
 __all__ = sorted(_EXPORTS)
 

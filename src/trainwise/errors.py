@@ -103,7 +103,7 @@ class ModelCallError(TrainwiseError):
         dtype = str(getattr(inputs, "dtype", "?")).removeprefix("torch.")
         first = next(iter(str(error).splitlines()), "")
         tb = error.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename.endswith(("trainwise/train/step.py",)):
+        while tb is not None and tb.tb_frame.f_code.co_filename.endswith(("trainwise/train/step/train_step.py",)):
             tb = tb.tb_next  # start at the model's (or loss's) own frames
         shown = "".join(traceback.format_exception(type(error), error, tb)).rstrip()
         return cls(f"{what} of {model} raised {type(error).__name__} at step {step} on a micro-batch of inputs "

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from trainwise.data.batch import IGNORE_INDEX, document_lengths, flattened_for_varlen, real_tokens
-from trainwise.text.packing import pack_sample
+from trainwise.data.text.packing import pack_sample
 
 
 class Stream:

@@ -113,7 +113,7 @@ def test_verify_names_a_flipped_byte_and_a_truncated_shard(image_folder, tmp_pat
 
 
 def test_refuses_when_free_space_is_short_with_the_numbers(image_folder, tmp_path, monkeypatch):
-    import trainwise.data.prepare as prepare_module
+    import trainwise.data.prepare_job as prepare_module  # where check_free_space reads the disk
 
     usage = shutil.disk_usage(tmp_path)._replace(free=1000)
     monkeypatch.setattr(prepare_module.shutil, "disk_usage", lambda path: usage)

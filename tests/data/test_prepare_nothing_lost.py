@@ -21,8 +21,8 @@ from trainwise.data import destination
 from trainwise.data.prepare import PrepareOptions, prepare
 from trainwise.data.shards import MANIFEST, PROGRESS, WRITTEN, lock_file, staging_dir, verify
 from trainwise.errors import DataError
-from trainwise.text.chat_templates import CHOICE_FILE
-from trainwise.text.prepare import prepare_corpus
+from trainwise.data.text.chat_templates import CHOICE_FILE
+from trainwise.data.prepare import prepare_corpus
 
 from .conftest import make_image_folder
 
@@ -173,7 +173,7 @@ def test_ctrl_c_mid_re_prepare_keeps_the_old_dataset_and_the_rerun_resumes(tmp_p
 
 
 def test_a_crash_on_a_bad_row_keeps_the_old_dataset_and_the_rerun_works(good_text, tmp_path, monkeypatch):
-    import trainwise.text.prepare as text_prepare
+    import trainwise.data.text.prepare as text_prepare
 
     before = tree(good_text)
     writes = []
@@ -286,7 +286,7 @@ def test_a_shared_cache_waits_for_the_prepare_writing_it(good_text, tmp_path):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     threading.Timer(1.5, lambda: holder.stdin.close()).start()  # the other prepare finishes a moment later
-    result = prepare_corpus(tmp_path / "corpus", good_text, wait_s=60)  # what text/data.py's pydoc cache does
+    result = prepare_corpus(tmp_path / "corpus", good_text, wait_s=60)  # what data/text/bundle.py's pydoc cache does
     assert result.status == "up-to-date" and holder.wait(timeout=30) == 0
 
 

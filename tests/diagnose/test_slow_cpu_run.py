@@ -3,7 +3,7 @@ from tests.conftest import tiny_config
 from trainwise.check.sanity import slow_cpu_run
 from trainwise.findings import Finding
 from trainwise.rundir.layout import RunDir
-from trainwise.train.live_diagnosis import SanityFindings
+from trainwise.train.callbacks.live_diagnosis import SanityFindings
 from trainwise.launch.runs import build_trainer
 
 

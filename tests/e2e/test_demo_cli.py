@@ -9,7 +9,7 @@ import pytest
 import trainwise.cli.demo as demo_module
 from tests.conftest import invoke
 from trainwise.recipes import load_recipe
-from trainwise.train.callbacks import Callback
+from trainwise.train.callbacks.base import Callback
 
 SMALL = ["train.max_steps=20", "schedule.warmup_steps=2", "eval.every_steps=10", "train.log_every=5",
          "telemetry.enabled=false", "model.args.channels=[4,8]", "model.args.hidden=16"]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ONE_THREAD, ROOT, finish_job
 from trainwise.launch.torchrun import exit_code_after_signal
-from trainwise.train.distributed import resume_command
+from trainwise.train.parallel.distributed import resume_command
 
 LONG = ["digits", "train.max_steps=5000", "train.epochs=null", "schedule.warmup_steps=0",
         "schedule.warmup_fraction=null", "train.log_every=2", "eval.every_steps=null", "eval.every_epoch=false",

@@ -42,7 +42,7 @@ def _point(run: RunDir, name: str, step: int | None) -> None:
 def _shard_weights(run: RunDir, directory):
     """What the engine itself loads from a sharded checkpoint, into a freshly built plain model."""
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.sharded_checkpoint import load_model
+    from trainwise.train.parallel.sharded_checkpoint import load_model
 
     config = run.read_config()
     model = build_model(config, build_data(config).spec)

@@ -11,15 +11,15 @@ import torch
 
 from tests.conftest import invoke
 from tests.text.sft_data import prepared_chats, sft_config
-from tests.text.test_prepare_text import make_corpus
+from tests.data.text.test_prepare_text import make_corpus
 from trainwise.data.prepare import PrepareOptions
 from trainwise.evaluate.export import check_export_matches, export_run
 from trainwise.evaluate.export_tokens import byte_characters, export_tokens
 from trainwise.launch.runs import train_run
 from trainwise.recipes import load_recipe
-from trainwise.text.chat_templates import BUILTIN_TEMPLATES
-from trainwise.text.prepare import prepare_corpus as prepare
-from trainwise.text.tokenizer import BpeTokenizer
+from trainwise.data.text.chat_templates import BUILTIN_TEMPLATES
+from trainwise.data.prepare import prepare_corpus as prepare
+from trainwise.data.text.tokenizer import BpeTokenizer
 
 pytest.importorskip("transformers")
 
@@ -169,8 +169,8 @@ def test_a_model_directorys_tokenizer_keeps_a_pretrained_models_own_end_ids(tmp_
     from types import SimpleNamespace
 
     from tests.text.sft_tokenizers import write_hf_tokenizer_dir
-    from trainwise.text.chat_templates import choose_template
-    from trainwise.text.tokenizer import ModelTokenizer
+    from trainwise.data.text.chat_templates import choose_template
+    from trainwise.data.text.tokenizer import ModelTokenizer
 
     tokenizer = ModelTokenizer.from_directory(write_hf_tokenizer_dir(tmp_path))
     ids = {text: tokenizer.backend.convert_tokens_to_ids(text) for text in ("<|endoftext|>", "<|im_start|>",

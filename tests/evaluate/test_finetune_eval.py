@@ -8,10 +8,10 @@ from torch import nn
 
 from tests.text.sft_tokenizers import CORPUS
 from trainwise.evaluate.finetune import exact_match, side_by_side
-from trainwise.text.chat import Conversation, Turn
-from trainwise.text.chat_templates import BUILTIN_TEMPLATES
-from trainwise.text.instruct import encode_conversation
-from trainwise.text.tokenizer import BpeTokenizer
+from trainwise.data.text.chat import Conversation, Turn
+from trainwise.data.text.chat_templates import BUILTIN_TEMPLATES
+from trainwise.data.text.instruct import encode_conversation
+from trainwise.data.text.tokenizer import BpeTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from tests.conftest import stop_at, tiny_config
-from tests.text.test_prepare_text import make_corpus
+from tests.data.text.test_prepare_text import make_corpus
 from trainwise.config.derived import (DEFAULT_TEXT_SEQ_LEN, micro_batch_at_most, micro_batch_sizes,
                                       text_sequence_length)
 from trainwise.data.prepare import PrepareOptions
@@ -15,8 +15,8 @@ from trainwise.launch import resolve
 from trainwise.launch.resolve import EVENT_KIND, resolve_run
 from trainwise.launch.runs import resume_run, train_run
 from trainwise.recipes import load_recipe
-from trainwise.text.prepare import prepare_corpus
-from trainwise.text.tokenizer import recorded_sequence_length
+from trainwise.data.prepare import prepare_corpus
+from trainwise.data.text.tokenizer import recorded_sequence_length
 
 CPU = {"device": "cpu", "sanity": False, "log_every": 2}
 
@@ -85,7 +85,7 @@ def test_chat_data_trains_at_its_longest_sample_not_at_prepares_cut(tmp_path):
 
     from tests.text.sft_data import reverse_chats
 
-    from trainwise.text.prepare import summary_lines
+    from trainwise.data.text.prepare import summary_lines
 
     rows = reverse_chats(60)
     rows[0]["messages"][0]["content"] += " please" * 60  # one long sample: longer than prepare's suggestion
@@ -113,7 +113,7 @@ def test_a_frozen_base_is_fp32_on_the_cpu_and_bf16_on_a_bf16_card_unless_the_use
     """Issue 35 item 6: the sft-lora recipe's bf16 base trained on the CPU in bf16 weights, which is slow there;
     `auto` is decided by the device, recorded, and an explicit model.dtype is kept."""
     from trainwise.runtime import precision
-    from trainwise.text.language_model import _dtype
+    from trainwise.text.lm_builder import _dtype
 
     recipe = load_recipe("sft-lora", ["model.hf_config=llama-3.2-1b", "data.seq_len=64", "train.device=cpu",
                                       "train.micro_batch_size=1"])
@@ -133,7 +133,7 @@ def test_a_frozen_base_is_fp32_on_the_cpu_and_bf16_on_a_bf16_card_unless_the_use
 
 def test_the_legal_micro_batches_are_one_rule():
     from trainwise.plan.advise import micro_batch_for
-    from trainwise.train.recovery import smaller_micro_batch
+    from trainwise.train.recovery.oom import smaller_micro_batch
 
     assert micro_batch_sizes(12) == [1, 2, 3, 4, 6, 12]
     assert micro_batch_at_most(48, 20) == 16 and micro_batch_at_most(7, 6) == 1 and micro_batch_at_most(8, 0) == 1

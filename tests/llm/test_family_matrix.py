@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainwise.data.batch import IGNORE_INDEX, token_loss_sum
-from trainwise.train.step import TokenLossModel, TrainStep
+from trainwise.train.step.train_step import TokenLossModel, TrainStep
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,7 +112,7 @@ def test_the_chunked_step_equals_the_plain_one(family):
 def _ddp_worker(rank: int, world: int, init_file: str, out: str, chunk) -> None:
     import torch.distributed as dist
 
-    from trainwise.train.distributed import leaving_the_job, wrap_model
+    from trainwise.train.parallel.distributed import leaving_the_job, wrap_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -141,7 +141,7 @@ def test_two_gloo_ranks_keep_identical_weights(tmp_path, chunk):
 def _fsdp_worker(rank: int, world: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
-    from trainwise.train.distributed import leaving_the_job, wrap_model
+    from trainwise.train.parallel.distributed import leaving_the_job, wrap_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -218,7 +218,7 @@ def test_a_training_model_builds_no_kv_cache(tmp_path):
 
     from trainwise.config.schema import ModelConfig
     from trainwise.data.bundle import DataSpec
-    from trainwise.text.language_model import build_language_model
+    from trainwise.text.lm_builder import build_language_model
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_key_value_heads": 2}))

@@ -4,7 +4,7 @@ head tied to it) pulls the gradient to the bottom, so every frozen block then co
 from __future__ import annotations
 
 from trainwise.llm.methods import apply_method
-from trainwise.train.language_model import flops_per_token, lowest_trained_block
+from trainwise.train.callbacks.token_rates import flops_per_token, lowest_trained_block
 
 BLOCK = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # q, o; k, v (2 KV heads of 16); gate, up, down; norms
 HEAD, NORM, T = 512 * 64, 64, 16

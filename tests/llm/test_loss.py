@@ -7,7 +7,7 @@ import torch
 from trainwise.errors import ConfigError
 from trainwise.llm import methods
 from trainwise.data.batch import token_loss_sum
-from trainwise.train.step import TokenLossModel
+from trainwise.train.step.train_step import TokenLossModel
 
 from .conftest import tiny_model
 

@@ -18,9 +18,9 @@ from trainwise.data.bundle import DataSpec
 from trainwise.llm import hf
 from trainwise.llm.methods import apply_model_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.callbacks import Callback
-from trainwise.train.timing import StepTimer
-from trainwise.train.trainer import Trainer
+from trainwise.train.callbacks.base import Callback
+from trainwise.train.loop.timing import StepTimer
+from trainwise.train.loop.trainer import Trainer
 
 SEQ = 16
 
@@ -90,7 +90,7 @@ def test_the_chosen_attention_is_recorded_in_config_yaml_and_the_started_event(t
 
 def test_the_log_interval_after_a_validation_pass_leaves_its_time_out(monkeypatch):
     clock = iter([0.0, 3.0, 13.0, 14.0])  # interval start, pause from 3 to 13 s, flush at 14
-    monkeypatch.setattr("trainwise.train.timing.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("trainwise.train.loop.timing.time.perf_counter", lambda: next(clock))
     timer = StepTimer(torch.device("cpu"))
     timer.step_done(torch.tensor(1.0), samples=4)
     with timer.paused():

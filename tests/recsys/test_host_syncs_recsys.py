@@ -5,7 +5,7 @@ flag a step."""
 import pytest
 
 from trainwise.recipes import load_recipe
-from trainwise.train.host_syncs import HostSyncCounter
+from trainwise.train.loop.host_syncs import HostSyncCounter
 from trainwise.launch.runs import train_run
 
 TINY = ["data.args.users=300", "data.args.items=200", "data.args.events=8000", "data.args.categories=5",

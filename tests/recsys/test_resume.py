@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainwise.recipes import load_recipe
-from trainwise.train.callbacks import Callback
+from trainwise.train.callbacks.base import Callback
 from trainwise.launch.runs import resume_run, train_run
 
 OVERRIDES = ["data.args.users=120", "data.args.items=80", "data.args.events=3000", "data.args.categories=4",

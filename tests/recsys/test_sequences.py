@@ -6,7 +6,7 @@ import torch
 
 from trainwise.recsys.data import shop
 from trainwise.recsys.sequences import IGNORE, PAD, ClickPairs, Histories, NextItemWindows
-from trainwise.train.sampler import SeededBatch, batch_seed
+from trainwise.train.parallel.sampler import SeededBatch, batch_seed
 
 TINY = dict(users=200, items=150, events=8_000, categories=6)
 

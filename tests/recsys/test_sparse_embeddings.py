@@ -13,8 +13,8 @@ from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import measured_peak_bytes
 from trainwise.recipes import load_recipe
 from trainwise.recsys.models import SASRec
-from trainwise.train.callbacks import Callback
-from trainwise.train.optim import SplitOptimizer
+from trainwise.train.callbacks.base import Callback
+from trainwise.train.step.optim import SplitOptimizer
 from trainwise.launch.runs import resume_run, train_run
 
 OVERRIDES = ["data.args.users=120", "data.args.items=80", "data.args.events=3000", "data.args.categories=4",

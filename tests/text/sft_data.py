@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainwise.config import config_from_dict
 from trainwise.data.prepare import PrepareOptions
-from trainwise.text.prepare import prepare_corpus as prepare
+from trainwise.data.prepare import prepare_corpus as prepare
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 128, "vocab_size": 300}

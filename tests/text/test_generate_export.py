@@ -8,9 +8,9 @@ import torch
 
 from tests.conftest import invoke
 from tests.text.lm_helpers import tiny_gpt
-from tests.text.test_prepare_text import make_corpus
+from tests.data.text.test_prepare_text import make_corpus
 from trainwise.data.prepare import PrepareOptions
-from trainwise.text.prepare import prepare_corpus as prepare
+from trainwise.data.prepare import prepare_corpus as prepare
 from trainwise.recipes import load_recipe
 from trainwise.evaluate.export import check_export_matches
 from trainwise.text.generate import Sampling, generate_ids

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.text.test_tokenizer import TEXTS
+from tests.data.text.test_tokenizer import TEXTS
 from trainwise.config import ModelConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.errors import ConfigError
-from trainwise.text.language_model import build_language_model
-from trainwise.text.tokenizer import BpeTokenizer, ByteTokenizer, ModelTokenizer
+from trainwise.text.lm_builder import build_language_model
+from trainwise.data.text.tokenizer import BpeTokenizer, ByteTokenizer, ModelTokenizer
 
 
 @pytest.fixture

@@ -5,16 +5,16 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.text.test_prepare_text import make_corpus
+from tests.data.text.test_prepare_text import make_corpus
 from trainwise.data.prepare import PrepareOptions
-from trainwise.text.prepare import prepare_corpus as prepare
+from trainwise.data.prepare import prepare_corpus as prepare
 from trainwise.rundir import RunDir
-from trainwise.text.data import text_bundle
+from trainwise.data.text.bundle import text_bundle
 from trainwise.text.gpt import GPT, GPTConfig
-from trainwise.train.host_syncs import HostSyncCounter
-from trainwise.train.progress import _describe
-from trainwise.train.language_model import flops_per_token, token_figures
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.host_syncs import HostSyncCounter
+from trainwise.train.loop.progress import _describe
+from trainwise.train.callbacks.token_rates import flops_per_token, token_figures
+from trainwise.train.loop.trainer import Trainer
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from tests.text.test_packing import write_text_dataset
+from tests.data.text.test_packing import write_text_dataset
 from trainwise.config import ModelConfig
 from trainwise.data.bundle import DataSpec
 from trainwise.text.gpt import GPT, GPTConfig
-from trainwise.text.packing import IGNORE_INDEX, PackedTextDataset
+from trainwise.data.text.packing import IGNORE_INDEX, PackedTextDataset
 
 VOCAB = 60
 DOCUMENTS = [[5, 9, 11, 3], [7, 7, 2], [1, 2, 3, 4, 5, 6], [8, 13]]  # each gets an end-of-text (59)
@@ -58,7 +58,7 @@ def test_builtin_gpt_packed_equals_alone(tmp_path):
 ])
 def test_hugging_face_model_packed_equals_alone(tmp_path, config):
     pytest.importorskip("transformers")
-    from trainwise.text.language_model import build_language_model
+    from trainwise.text.lm_builder import build_language_model
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     torch.manual_seed(0)

@@ -69,7 +69,7 @@ def test_fsdp_shards_the_decoder_layers_and_trains_the_adapter_as_one_process(da
     from torch.distributed.checkpoint import FileSystemReader
 
     from tests.train.lora_models import fsdp_world_of_one
-    from trainwise.train.fsdp import fsdp_blocks
+    from trainwise.train.parallel.fsdp import fsdp_blocks
 
     config = sft_config(data)
     config = config.model_copy(update={"train": config.train.model_copy(update={"strategy": "fsdp"})})

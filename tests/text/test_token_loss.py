@@ -6,7 +6,7 @@ import torch
 
 from tests.text.lm_helpers import split_rows, tiny_gpt, token_batches
 from trainwise.data.batch import IGNORE_INDEX
-from trainwise.train.step import TrainStep
+from trainwise.train.step.train_step import TrainStep
 
 
 def gradients(micro_batches, accumulation):
@@ -50,7 +50,7 @@ def _rank_worker(rank: int, world: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from trainwise.train.distributed import leaving_the_job
+    from trainwise.train.parallel.distributed import leaving_the_job
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

@@ -14,8 +14,8 @@ import torch
 from tests.conftest import tiny_config
 from tests.train.test_oom_recovery import SPEC, OutOfMemoryAbove, _data
 from trainwise.rundir.layout import RunDir
-from trainwise.train.host_syncs import HostSyncCounter
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.host_syncs import HostSyncCounter
+from trainwise.train.loop.trainer import Trainer
 
 MAX_STEPS, LOG_EVERY, CHECKPOINT_EVERY = 12, 4, 6
 

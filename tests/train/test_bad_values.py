@@ -12,11 +12,11 @@ from trainwise.data.bundle import ArrayDataset, DataBundle, DataSpec, check_labe
 from trainwise.check.sanity import sanity_check
 from trainwise.errors import DataError, TrainingError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.early_stop import EarlyStopping
-from trainwise.train.health import StepHealth, health_problem
-from trainwise.train.nonfinite_validation import NonFiniteValidation
-from trainwise.train.step import StepOutcome
-from trainwise.train.trainer import Trainer
+from trainwise.train.callbacks.early_stop import EarlyStopping
+from trainwise.train.loop.health import StepHealth, health_problem
+from trainwise.train.callbacks.nonfinite_validation import NonFiniteValidation
+from trainwise.train.step.train_step import StepOutcome
+from trainwise.train.loop.trainer import Trainer
 
 SPEC = DataSpec(input_shape=(4,), num_classes=2)
 
@@ -74,7 +74,7 @@ def test_nan_never_counts_for_early_stopping():
 
 def _unless_default():
     """NonFiniteValidation, when the Trainer does not already add it to every run."""
-    from trainwise.train.default_callbacks import default_callbacks as _default_callbacks
+    from trainwise.train.callbacks.defaults import default_callbacks as _default_callbacks
 
     wired = any(isinstance(c, NonFiniteValidation) for c in _default_callbacks(tiny_config()))
     return [] if wired else [NonFiniteValidation()]

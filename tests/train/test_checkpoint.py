@@ -8,7 +8,7 @@ import torch
 from tests.conftest import tiny_config
 from trainwise.errors import RunDirError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import capture_rng, read_checkpoint, restore_rng
+from trainwise.train.recovery.checkpoint import capture_rng, read_checkpoint, restore_rng
 from trainwise.launch.runs import build_trainer
 
 

@@ -9,7 +9,7 @@ from tests.conftest import invoke, stop_at, tiny_config
 from trainwise.config.diff import config_hash, diff_configs, is_safe_to_change
 from trainwise.errors import ConfigError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import read_checkpoint
+from trainwise.train.recovery.checkpoint import read_checkpoint
 from trainwise.launch.resolve import resolve_run
 from trainwise.launch.runs import resume_run, train_run
 
@@ -114,7 +114,7 @@ def test_max_steps_lowered_below_the_checkpoint_is_refused(stopped_run):
 
 
 def test_a_checkpoint_from_before_config_hashes_resumes_with_a_note(tmp_path, monkeypatch):
-    import trainwise.train.checkpoint as checkpoint
+    import trainwise.train.recovery.checkpoint as checkpoint
 
     monkeypatch.setattr(checkpoint, "config_record", lambda config: {})
     run = train_run(tiny_config(train={"sanity": False}), tmp_path / "run", callbacks=[stop_at(10)])

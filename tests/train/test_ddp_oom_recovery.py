@@ -1,5 +1,5 @@
 """Out of memory on one rank of a DDP job (two CPU ranks, Gloo): every rank agrees, shrinks the micro-batch the
-same way and retries the same samples, during the guarded steps (train/recovery.py); after them the loop reads
+same way and retries the same samples, during the guarded steps (train/recovery/oom.py); after them the loop reads
 nothing from the device between settle points."""
 import os
 import signal
@@ -13,8 +13,8 @@ from tests.conftest import ROOT
 from tests.train.ddp_oom_worker import CHECKPOINT_EVERY, LOG_EVERY, MAX_STEPS
 from tests.conftest import finish_job
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.recovery import GUARDED_STEPS
+from trainwise.train.recovery.checkpoint import read_checkpoint
+from trainwise.train.recovery.oom import GUARDED_STEPS
 
 WORKER = ROOT / "tests" / "train" / "ddp_oom_worker.py"
 

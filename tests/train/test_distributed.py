@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import invoke
 from tests.conftest import finish_job, start_torchrun
-from trainwise.train.sampler import ResumableBatchSampler
+from trainwise.train.parallel.sampler import ResumableBatchSampler
 
 ARGS = ["breast-cancer", "train.max_steps=20", "schedule.warmup_steps=5", "train.batch_size=32", "train.micro_batch_size=16",
         "model.args.dropout=0", "data.augment=false", "eval.every_steps=10", "telemetry.enabled=false",

@@ -2,8 +2,8 @@ import torch
 
 from tests.conftest import tiny_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.early_stop import EarlyStopping
+from trainwise.train.recovery.checkpoint import read_checkpoint
+from trainwise.train.callbacks.early_stop import EarlyStopping
 from trainwise.launch.runs import build_trainer, resume_run
 
 
@@ -54,7 +54,7 @@ def test_stops_early_and_restores_the_best_weights(tmp_path):
 def test_early_stopping_state_survives_resume(tmp_path):
     run = RunDir(tmp_path / "run")
 
-    class StopAt(__import__("trainwise.train.callbacks", fromlist=["Callback"]).Callback):
+    class StopAt(__import__("trainwise.train.callbacks.base", fromlist=["Callback"]).Callback):
         def on_step_end(self, trainer):
             if trainer.step == 15:
                 trainer.request_stop("test")

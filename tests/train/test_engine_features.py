@@ -96,7 +96,7 @@ def test_progress_is_plain_lines_off_a_terminal_and_a_bar_on_one(tmp_path):
 
     from rich.console import Console
 
-    from trainwise.train.progress import ProgressDisplay
+    from trainwise.train.loop.progress import ProgressDisplay
 
     plain_out = io.StringIO()
     _short_run(tmp_path / "plain", [ProgressDisplay(Console(file=plain_out, force_terminal=False, width=200))])

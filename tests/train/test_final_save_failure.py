@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import read_checkpoint
+from trainwise.train.recovery.checkpoint import read_checkpoint
 from trainwise.launch.runs import build_trainer
 
 

@@ -20,8 +20,8 @@ from torch import nn
 from tests.conftest import finish_job, invoke, start_torchrun, tiny_config
 from trainwise.errors import ConfigError, RunDirError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.distributed import Ranks, resolve_strategy
-from trainwise.train.fsdp import fsdp_blocks
+from trainwise.train.parallel.distributed import Ranks, resolve_strategy
+from trainwise.train.parallel.fsdp import fsdp_blocks
 
 # accumulation on both sides (4 micro-batches in one process, 2 per rank), checkpointed blocks, clipping on
 SAME_UPDATE = ["breast-cancer", "train.max_steps=20", "schedule.warmup_steps=5", "train.batch_size=32",
@@ -113,7 +113,7 @@ def test_the_users_model_says_which_modules_are_blocks():
 
 def test_a_collective_failing_under_the_model_is_blamed_on_the_lost_rank_not_the_model():
     from trainwise.errors import ModelCallError
-    from trainwise.train.distributed import peer_lost
+    from trainwise.train.parallel.distributed import peer_lost
 
     gone = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     try:  # as FSDP's all-gather fails inside the forward, wrapped by the train step
@@ -219,7 +219,7 @@ def test_fsdp_two_ranks_match_one_process_and_their_checkpoint_loads_in_one(tmp_
 
     # the 2-rank shards load into a plain model in this one process
     from trainwise.recipes.factories import build_data, build_model
-    from trainwise.train.sharded_checkpoint import load_model
+    from trainwise.train.parallel.sharded_checkpoint import load_model
 
     config = RunDir(sharded).read_config()
     model = build_model(config, build_data(config).spec)
@@ -296,7 +296,7 @@ def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path):
 def test_early_stopping_restores_the_best_sharded_checkpoint_which_rotation_keeps(tmp_path):
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.launch.runs import train_run
-    from trainwise.train.sharded_checkpoint import load_model
+    from trainwise.train.parallel.sharded_checkpoint import load_model
 
     config = tiny_config(optim={"lr": 0.2}, train={"max_steps": 80, "batch_size": 32, "strategy": "fsdp"},
                          eval={"every_steps": 2, "early_stopping": {"enabled": True, "patience": 2}},

@@ -17,8 +17,8 @@ from trainwise.errors import ConfigError, TrainingError
 from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.inference import predict
-from trainwise.train.health import FP16_MAX_SKIPS_IN_A_ROW
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.health import FP16_MAX_SKIPS_IN_A_ROW
+from trainwise.train.loop.trainer import Trainer
 
 SPEC = DataSpec(input_shape=(6,), num_classes=3)
 

@@ -7,8 +7,8 @@ from torch import nn
 from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.rundir.layout import RunDir
-from trainwise.train.host_syncs import HostSyncCounter
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.host_syncs import HostSyncCounter
+from trainwise.train.loop.trainer import Trainer
 
 
 def _run(tmp_path, precision):
@@ -38,7 +38,7 @@ def test_no_host_sync_between_log_steps(tmp_path, precision):
 
 
 def test_the_counter_sees_a_sync_in_a_callback(tmp_path):
-    from trainwise.train.callbacks import Callback
+    from trainwise.train.callbacks.base import Callback
 
     class ReadsTheLoss(Callback):  # what a user's callback might do on the hot path
         def on_step_end(self, trainer):
@@ -62,7 +62,7 @@ def test_the_counter_sees_a_sync_in_a_callback(tmp_path):
 def test_cuda_raises_on_any_sync_between_log_steps(tmp_path, precision):
     """On a real card, CUDA itself watches: every step that follows a step without a settle point runs under
     torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising call."""
-    from trainwise.train.callbacks import Callback
+    from trainwise.train.callbacks.base import Callback
 
     settle_points = {8, 12, 16, 24}
 

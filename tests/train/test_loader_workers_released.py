@@ -6,7 +6,7 @@ import torch
 from tests.conftest import tiny_config
 from tests.train.test_gpu_terms import SPEC, NoisyDataset
 from trainwise import RunDir, Trainer
-from trainwise.train.callbacks import Callback
+from trainwise.train.callbacks.base import Callback
 
 
 def test_fit_stops_its_loader_workers_before_returning(tmp_path):

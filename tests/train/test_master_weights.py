@@ -10,7 +10,7 @@ import torch
 
 from tests.text.lm_helpers import tiny_gpt, token_batches
 from trainwise.llm.methods import apply_model_config
-from trainwise.train.master_weights import computing_precision, watch_lost_updates
+from trainwise.train.step.master_weights import computing_precision, watch_lost_updates
 
 STEPS, LR = 30, 1e-5
 

@@ -8,7 +8,7 @@ from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import TrainingError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.trainer import Trainer
 
 
 class Blows(nn.Module):

@@ -8,9 +8,9 @@ from tests.conftest import tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import TrainingError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.checkpoint import read_checkpoint
-from trainwise.train.recovery import smaller_micro_batch
-from trainwise.train.trainer import Trainer
+from trainwise.train.recovery.checkpoint import read_checkpoint
+from trainwise.train.recovery.oom import smaller_micro_batch
+from trainwise.train.loop.trainer import Trainer
 
 SPEC = DataSpec(input_shape=(6,), num_classes=3)
 

@@ -5,8 +5,8 @@ import torch
 from tests.conftest import tiny_config
 from tests.train.test_oom_recovery import SPEC, OutOfMemoryAbove, _data
 from trainwise.rundir.layout import RunDir
-from trainwise.train.callbacks import Callback
-from trainwise.train.trainer import Trainer
+from trainwise.train.callbacks.base import Callback
+from trainwise.train.loop.trainer import Trainer
 
 
 class StopAfter(Callback):

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from trainwise.config import OptimConfig
-from trainwise.train.optim import SplitOptimizer, build_optimizer
-from trainwise.train.step import dense_gradient_parameters, supports_device_skip
+from trainwise.train.step.optim import SplitOptimizer, build_optimizer
+from trainwise.train.step.train_step import dense_gradient_parameters, supports_device_skip
 
 
 def _model() -> nn.Module:
@@ -76,7 +76,7 @@ def test_state_dict_round_trip_continues_exactly_and_the_schedule_reaches_both_p
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_sparse_embeddings_are_refused_across_ranks_before_any_collective(strategy):
     from trainwise.errors import ConfigError
-    from trainwise.train.distributed import wrap_model
+    from trainwise.train.parallel.distributed import wrap_model
 
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
     with pytest.raises(ConfigError, match="sparse_embeddings=false"):

@@ -8,7 +8,7 @@ import torch
 from rich.console import Console
 
 from trainwise.rundir import RunDir
-from trainwise.train.progress import ProgressDisplay, StepPace, _describe, duration, precision_words
+from trainwise.train.loop.progress import ProgressDisplay, StepPace, _describe, duration, precision_words
 
 WORST = {"loss": 10.123456, "lr": 1.2345e-4, "samples_per_s": 1234.0, "tokens_per_s": 1_234_567.0, "mfu": 0.456,
          "data_wait_fraction": 0.99}

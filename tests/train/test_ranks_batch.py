@@ -78,7 +78,7 @@ def test_augmented_single_channel_images_keep_standard_strides_so_ddp_buckets_ma
 def test_a_rank_leaves_the_process_group_after_a_run_and_keeps_it_after_a_failure():
     import torch.distributed as dist
 
-    from trainwise.train.distributed import leaving_the_job
+    from trainwise.train.parallel.distributed import leaving_the_job
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     with leaving_the_job():

@@ -5,7 +5,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.conftest import invoke, straight_and_killed
-from trainwise.train.sampler import ResumableBatchSampler
+from trainwise.train.parallel.sampler import ResumableBatchSampler
 
 # dropout + augmentation exercise the RNG; checkpoints every 7 steps land at odd places
 ARGS = ["digits", "train.max_steps=90", "train.log_every=1", "eval.every_steps=20",

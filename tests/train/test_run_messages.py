@@ -11,9 +11,9 @@ from tests.conftest import stop_at, tiny_config
 from trainwise.data.bundle import ArrayDataset, DataSpec
 from trainwise.errors import ModelCallError
 from trainwise.rundir.layout import RunDir
-from trainwise.train.progress import ProgressDisplay
+from trainwise.train.loop.progress import ProgressDisplay
 from trainwise.launch.runs import build_trainer, resume_run
-from trainwise.train.trainer import Trainer
+from trainwise.train.loop.trainer import Trainer
 
 
 class WrongDevice(nn.Module):
@@ -69,7 +69,7 @@ def test_resume_says_where_it_starts(tmp_path):
 def test_the_eta_after_a_resume_comes_from_the_pace_since_then(monkeypatch):
     """Resumed at step 12 of 30, 3 steps took 3 s here: 15 steps remain, so 15 s (not 0 s as if the first
     12 steps had cost nothing)."""
-    import trainwise.train.progress as progress
+    import trainwise.train.loop.progress as progress
 
     clock = {"now": 100.0}
     monkeypatch.setattr(progress.time, "perf_counter", lambda: clock["now"])

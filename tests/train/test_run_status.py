@@ -83,7 +83,7 @@ def test_a_sigkilled_run_shows_its_progress_and_reads_as_interrupted_with_the_re
 def test_summary_is_rewritten_at_every_checkpoint_while_the_run_trains(tmp_path):
     seen = []
 
-    from trainwise.train.callbacks import Callback
+    from trainwise.train.callbacks.base import Callback
 
     class ReadSummary(Callback):
         def on_checkpoint(self, trainer, path):
@@ -172,7 +172,7 @@ def test_a_kill_in_the_final_save_leaves_the_checkpointed_state_and_resume_compl
 
 
 def test_a_resumed_run_counts_the_wall_time_of_its_earlier_sessions(tmp_path):
-    from trainwise.train.callbacks import Callback
+    from trainwise.train.callbacks.base import Callback
 
     class StopAt(Callback):
         def on_step_end(self, trainer):
@@ -232,7 +232,7 @@ def test_eval_final_says_so_when_the_final_step_weights_are_gone(tmp_path, train
 
 
 def test_the_summary_follows_metrics_as_they_grow_without_rereading_them(tmp_path):
-    from trainwise.train.summary import RunSummary
+    from trainwise.train.loop.summary import RunSummary
 
     run = RunDir(tmp_path)
     tracker = RunSummary()

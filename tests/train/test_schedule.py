@@ -6,7 +6,7 @@ from tests.conftest import tiny_config
 from trainwise.config import ScheduleConfig
 from trainwise.rundir.layout import RunDir
 from trainwise.launch.runs import build_trainer
-from trainwise.train.schedule import WarmupDecay, lr_factor
+from trainwise.train.step.schedule import WarmupDecay, lr_factor
 
 
 def test_linear_warmup_then_each_decay():

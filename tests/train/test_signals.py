@@ -6,8 +6,8 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainwise.rundir.layout import RunDir
-from trainwise.train.callbacks import Callback
-from trainwise.train.checkpoint import read_checkpoint
+from trainwise.train.callbacks.base import Callback
+from trainwise.train.recovery.checkpoint import read_checkpoint
 from trainwise.launch.runs import build_trainer, resume_run
 
 

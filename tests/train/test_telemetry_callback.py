@@ -8,8 +8,8 @@ import pytest
 from tests.doctor.fake_nvml import FakeGpu, install_fake_nvml
 from trainwise.config import RunConfig, TelemetryConfig
 from trainwise.rundir.layout import RunDir
-from trainwise.train.telemetry_callback import TelemetryCallback
-from trainwise.train.callbacks import Callback
+from trainwise.train.callbacks.telemetry import TelemetryCallback
+from trainwise.train.callbacks.base import Callback
 
 
 @pytest.fixture

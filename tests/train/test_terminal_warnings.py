@@ -6,8 +6,8 @@ from rich.console import Console
 
 from trainwise.findings import Finding
 from trainwise.rundir.layout import RunDir
-from trainwise.train.live_diagnosis import SanityFindings
-from trainwise.train.progress import ProgressDisplay
+from trainwise.train.callbacks.live_diagnosis import SanityFindings
+from trainwise.train.loop.progress import ProgressDisplay
 
 
 def _trainer(tmp_path, step=0):

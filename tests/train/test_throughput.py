@@ -32,7 +32,7 @@ def test_the_model_rate_times_the_trainers_own_step(monkeypatch, task):
 
     from tests.conftest import tiny_config
     from trainwise.data.bundle import DataSpec
-    from trainwise.train.step import TrainStep
+    from trainwise.train.step.train_step import TrainStep
     from trainwise.check.throughput import model_rate
 
     calls = []

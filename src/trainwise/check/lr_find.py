@@ -7,7 +7,7 @@ for its zero start), and stop once the smoothed loss passes `DIVERGENCE_FACTOR` 
 point the curve says nothing more. The curve's rules and the suggestion are pure and live in
 trainwise.diagnose.lr_curve, which the report reads too.
 
-The step is the engine's own (train/step.py's TrainStep.from_config: the Trainer's optimizer, loss, scaler
+The step is the engine's own (train/step/train_step.py's TrainStep.from_config: the Trainer's optimizer, loss, scaler
 and clipping), so what the sweep measures is what `trainwise train` would run. The losses stay on the
 device and are read every `READ_EVERY` steps, to check for divergence, not once per step.
 
@@ -36,7 +36,7 @@ from trainwise.rundir.layout import RunDir
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision
 from trainwise.data.batch import MicroBatch
-from trainwise.train.step import TrainStep
+from trainwise.train.step.train_step import TrainStep
 
 KNOWN_LOSSES = ("classification", "regression")  # the tasks default_loss knows
 

@@ -2,7 +2,7 @@
 
 Any working model, loss and optimizer can memorise a single batch. If the loss does not fall, the wiring is
 broken: an output detached from the graph, a loss that does not depend on the labels, a learning rate of
-zero, frozen parameters. The probe runs the engine's own training step (train/step.py: the same loss,
+zero, frozen parameters. The probe runs the engine's own training step (train/step/train_step.py: the same loss,
 autocast, clipping and optimizer as `trainwise train`), on a copy of nothing: the caller gives it a fresh
 model.
 """
@@ -18,7 +18,7 @@ from torch import nn
 from trainwise.findings import Finding
 
 if TYPE_CHECKING:
-    from trainwise.train.step import TrainStep
+    from trainwise.train.step.train_step import TrainStep
 
 PROBE_STEPS = 40  # "a few dozen": enough for Adam at a usual LR to memorise 32 rows, and well under a second
 # Sharp: the loss must end below this share of its start. A wired model memorising one batch drops far
@@ -66,7 +66,7 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
                       planned_steps: int | None = None, random_base: bool = False) -> Finding:
     """The probe on a step assembled from these parts as every step is (TrainStep.from_settings); a run's
     check builds its step from the run's config instead (`probe_step`)."""
-    from trainwise.train.step import StepSettings, TrainStep
+    from trainwise.train.step.train_step import StepSettings, TrainStep
 
     device = device or torch.device("cpu")
     model.to(device)

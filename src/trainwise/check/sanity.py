@@ -60,7 +60,7 @@ def _sanity_check(config: RunConfig, bundle: Any, built: Any = None) -> list[Fin
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
     from trainwise.runtime.precision import resolve_precision
-    from trainwise.train.step import TrainStep
+    from trainwise.train.step.train_step import TrainStep
 
     started = time.perf_counter()
     torch.manual_seed(config.seed)

@@ -17,12 +17,12 @@ from trainwise.data.bundle import DataSpec
 from trainwise.data.shards import read_manifest
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision
-from trainwise.train.step import TrainStep
+from trainwise.train.step.train_step import TrainStep
 
 
 def model_rate(config: RunConfig, spec: DataSpec, batch: tuple[torch.Tensor, torch.Tensor], *,
                device: torch.device, steps: int = 8, warmup: int = 2) -> float:
-    """Samples/s of the Trainer's own step (train/step.py: the recipe's optimizer, loss, precision, scaler and
+    """Samples/s of the Trainer's own step (train/step/train_step.py: the recipe's optimizer, loss, precision, scaler and
     clipping) on one real batch of the training data, already on `device`."""
     from trainwise.recipes.factories import build_model
 

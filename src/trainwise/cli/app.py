@@ -303,7 +303,7 @@ def _speaks_for_the_job() -> bool:
     """One process of a torchrun job prints its outcome and its bad-input errors: rank 0 (or a plain process)."""
     if not inside_a_launch():
         return True
-    from trainwise.train.distributed import launched_ranks
+    from trainwise.train.parallel.distributed import launched_ranks
 
     return launched_ranks().is_main
 

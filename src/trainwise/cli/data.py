@@ -84,11 +84,6 @@ def prepare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trainwise.data.prepare import PrepareOptions, prepare as run_prepare
-    from trainwise.text.corpus import looks_like_text
-    from trainwise.text.prepare import prepare_corpus
-
-    if kind == "text" or (kind == "auto" and source.exists() and looks_like_text(source, text_field)):
-        run_prepare = prepare_corpus  # text: tokenised by the text room, then the same shards and manifest
 
     chosen = dict(locals())
     chosen["test_file"] = str(test_file) if test_file is not None else None
@@ -127,11 +122,11 @@ def _print_result(result, to: Path, tokenizer: str | None = None) -> None:
     resumed = f"; resumed, {result.reused_shards} shards kept from the interrupted run" if result.reused_shards else ""
     console.print(f"prepared {manifest['kind']} into {to}: {counts}{resumed}", soft_wrap=True)
     if manifest["kind"] == "text":
-        from trainwise.text.prepare import summary_lines
+        from trainwise.data.text.prepare import summary_lines
 
         lines = summary_lines(manifest)
         if "instruct" in manifest:
-            from trainwise.text.instruct_prepare import summary_lines as instruct_lines
+            from trainwise.data.text.chat_prepare import summary_lines as instruct_lines
 
             lines += instruct_lines(manifest)
         for line in lines:

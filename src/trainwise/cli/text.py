@@ -33,7 +33,7 @@ def generate_command(
     """Continue a prompt with a trained language model (KV cache for the built-in gpt). A run fine-tuned on
     instruction data answers the prompt as a user turn, rendered with its chat template as in training."""
     from trainwise.evaluate.finetune import reply
-    from trainwise.text.chat_templates import saved_template
+    from trainwise.data.text.chat_templates import saved_template
     from trainwise.text.generate import Sampling, generate_text
     from trainwise.evaluate.run_model import load_run_model
     from trainwise.runtime.device import resolve_device

@@ -29,7 +29,7 @@ class DataSpec:
     input_dtype: torch.dtype = torch.float32
     class_names: tuple[str, ...] | None = None
     num_train: int = 0
-    tokenizer_fingerprint: str | None = None  # text: the tokenizer that made the ids (text/tokenizer.py)
+    tokenizer_fingerprint: str | None = None  # text: the tokenizer that made the ids (data/text/tokenizer.py)
     instruct: bool = False  # text: prompt/answer pairs with the loss on the answers (an instruction fine-tune)
 
 

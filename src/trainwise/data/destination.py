@@ -35,7 +35,7 @@ from trainwise.rundir import lock as run_lock
 from trainwise.rundir.atomic import TEMP_SUFFIX, fsync_dir
 from trainwise.rundir.lock import Holder
 
-OLDER_SIDE_FOLDER = "tokenizer"  # text/tokens.py's TOKENIZER_DIR: manifests before `written` did not list it
+OLDER_SIDE_FOLDER = "tokenizer"  # data/text/token_shards.py's TOKENIZER_DIR: manifests before `written` did not list it
 _SHOWN = 5
 
 

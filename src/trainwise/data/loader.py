@@ -212,7 +212,7 @@ def batch_bytes(dataset: Dataset, micro_batch_size: int) -> int:
         sample = dataset[0]
     except Exception:  # a dataset that cannot be read here says so clearly when the loader reads it
         return ASSUMED_BATCH_BYTES
-    parts = (tuple(sample.values()) if isinstance(sample, dict)  # a token batch (text/packing.py)
+    parts = (tuple(sample.values()) if isinstance(sample, dict)  # a token batch (data/text/packing.py)
              else sample if isinstance(sample, (tuple, list)) else (sample,))
     sample_bytes = sum(t.nbytes for t in parts if isinstance(t, torch.Tensor))
     return max(sample_bytes * micro_batch_size, 1)

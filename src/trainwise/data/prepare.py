@@ -1,6 +1,6 @@
 """`trainwise prepare SOURCE --to DIR`: raw images, tables, interaction logs or text → a checksummed, sharded,
-memory-mappable dataset (see shards.py for the layout). Text is tokenised by the text room, which hands its
-builder in (`text_builder`: text/prepare.py's prepare_corpus), so this module needs no tokenizer.
+memory-mappable dataset (see shards.py for the layout). Text and instruction data are tokenised by
+data/text/prepare.py, into the same shards and manifest.
 
 The job is a list of shards fixed by the source and the options, written into a staging folder beside DIR
 and swapped in when complete (destination.py), so DIR holds the previous dataset until then. Each finished
@@ -12,10 +12,8 @@ modification times (cheap on millions of files; touching a file counts as a chan
 from __future__ import annotations
 
 import hashlib
-import shutil
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +22,8 @@ import numpy as np
 from trainwise.data import images as image_kind
 from trainwise.data import interactions as interaction_kind
 from trainwise.data import tables as table_kind
-from trainwise.data.prepare_job import PrepareJob, Progress, shard_size, split_counts, write_arrays
+from trainwise.data.prepare_job import (PrepareJob, Progress, check_free_space, shard_size, split_counts,
+                                        write_arrays)
 from trainwise.data.splits import empty_split_warnings, split_codes
 from trainwise.data.table_files import read_columns, read_table
 from trainwise.data.destination import abandon, check_destination, open_staging, seal, swap_in, writing
@@ -32,8 +31,6 @@ from trainwise.data.shards import (CHECKSUM, FORMAT_VERSION, MANIFEST, SPLITS, U
                                    read_manifest, shard_header_problems, write_manifest, write_shard)
 from trainwise.data.prepare_options import PrepareOptions
 from trainwise.errors import DataError, TrainwiseError
-
-SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
 
 
 @dataclass
@@ -49,7 +46,6 @@ class PrepareResult:
 
 def prepare(source: str | Path, to: str | Path, options: PrepareOptions = PrepareOptions(), *,
             workers: int | None = None, force: bool = False, progress: Progress | None = None,
-            text_builder: Callable[[Path, Path, PrepareOptions], dict[str, Any]] | None = None,
             wait_s: float | None = None, inputs: dict[str, str] | None = None) -> PrepareResult:
     """Prepare `source` into `to`; see the module docstring for caching and resume, destination.py for how
     `to` is replaced (never written in place). `wait_s`: how long to wait for another prepare into `to` to
@@ -60,11 +56,11 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
     options.check()
     if not source.exists():
         raise DataError(f"{source}: no such file or directory.")
-    kind = detect_kind(source, options.kind, options.encoding)
+    kind = detect_kind(source, options.kind, options.encoding, options.text_field)
     options.check_kind(kind)
-    if kind == "text" and text_builder is None:  # text: (to, source, options) -> the manifest's fields
-        raise DataError(f"{source}: text is prepared by trainwise.text.prepare.prepare_corpus, which tokenises it.")
     options = PrepareOptions(**{**asdict(options), "kind": kind})
+    if kind == "text":  # the ids also depend on the tokenizer's files and the held-out file
+        inputs = {**_text_inputs(options), **(inputs or {})}
     recorded = {**asdict(options), "format_version": FORMAT_VERSION, **(inputs or {})}
     fingerprint = source_fingerprint(source)
     check_destination(to, source)  # before anything is made, the lock file included
@@ -79,7 +75,7 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
         warnings = disk_warnings(to)
         staging = open_staging(place, fingerprint, recorded, fresh=force)
         job = PrepareJob(staging, source, options, fingerprint, recorded, workers or default_workers(), progress)
-        manifest = _build(job, kind, text_builder, to)
+        manifest = _build(job, kind, to)
         _remove_stale_files(staging, manifest)
         seal(staging, manifest)
         kept = swap_in(staging, place)
@@ -89,10 +85,37 @@ def prepare(source: str | Path, to: str | Path, options: PrepareOptions = Prepar
                          warnings + said["warnings"] + kept, said["notes"])
 
 
-def _build(job: PrepareJob, kind: str, text_builder: Callable | None, to: Path) -> dict[str, Any]:
+def prepare_corpus(source: str | Path, to: str | Path, options: PrepareOptions | None = None, **kwargs: Any
+                   ) -> PrepareResult:
+    """`prepare` for a source that is text or instruction data whatever its files look like (a folder of notes,
+    a .json of rows). `kwargs`: prepare's workers, force, progress, wait_s."""
+    options = options or PrepareOptions()
+    if options.kind not in ("auto", "text"):
+        raise DataError(f"--kind {options.kind}: this source is prepared as text.")
+    return prepare(source, to, replace(options, kind="text"), **kwargs)
+
+
+def _text_inputs(options: PrepareOptions) -> dict[str, str]:
+    """Fingerprints of the files a text dataset's ids depend on besides the source: a --tokenizer directory's
+    files, and a --test-file (its edits count too)."""
+    from trainwise.data.text.prepare import tokenizer_files_fingerprint
+
+    inputs = tokenizer_files_fingerprint(options.tokenizer)
+    if options.test_file is not None and Path(options.test_file).expanduser().exists():
+        inputs["test_file"] = source_fingerprint(Path(options.test_file).expanduser())
+    return inputs
+
+
+def _prepare_text(job: PrepareJob) -> dict[str, Any]:
+    from trainwise.data.text.prepare import prepare_text_or_chat
+
+    return prepare_text_or_chat(job.to, job.source, job.options)
+
+
+def _build(job: PrepareJob, kind: str, to: Path) -> dict[str, Any]:
     """The new dataset's manifest, its files written into the staging folder `job.to`."""
     build = {"images": _prepare_images, "table": _prepare_table, "interactions": _prepare_interactions,
-             "text": lambda job: text_builder(job.to, job.source, job.options)}[kind]
+             "text": _prepare_text}[kind]
     try:
         manifest = build(job)
     except BaseException as error:  # bad data, a bug, Ctrl-C: `to` is untouched; keep what a rerun can resume
@@ -142,7 +165,7 @@ def _intact_manifest(to: Path) -> dict[str, Any]:
     return manifest
 
 
-def detect_kind(source: Path, kind: str, encoding: str | None = None) -> str:
+def detect_kind(source: Path, kind: str, encoding: str | None = None, text_field: str = "text") -> str:
     if kind != "auto":
         if kind not in ("images", "table", "interactions", "text"):
             raise DataError(f"--kind {kind!r}: use auto, images, table, interactions or text.")
@@ -150,6 +173,10 @@ def detect_kind(source: Path, kind: str, encoding: str | None = None) -> str:
             raise DataError(f"--kind {kind}: {source} is a {'folder' if source.is_dir() else 'file'}; images come "
                             "as a folder of class sub-folders, tables and interaction logs as one file.")
         return kind
+    from trainwise.data.text.corpus import looks_like_text
+
+    if looks_like_text(source, text_field):
+        return "text"
     if source.is_dir():
         return "images"
     suffix = source.suffix.lower()
@@ -188,19 +215,6 @@ def disk_warnings(to: Path) -> list[str]:
         if finding.severity != "info" and finding.code != "free_space":  # free space: check_free_space refuses
             lines.append(f"{finding.detail}." + "".join(f" {fix}" for fix in finding.fixes))
     return lines
-
-
-def check_free_space(to: Path, needed_bytes: int) -> None:
-    """Refuse before writing anything when the estimate (with headroom) does not fit, with the numbers."""
-    probe = to
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    needed = int(needed_bytes * SPACE_MARGIN)
-    if free < needed:
-        raise DataError(f"{to}: the prepared data needs about {needed / 2**30:.2f} GiB ({needed:,} bytes) but "
-                        f"only {free / 2**30:.2f} GiB ({free:,} bytes) are free there. Free some space or "
-                        "prepare onto a bigger disk with --to.")
 
 
 def _remove_stale_files(to: Path, manifest: dict[str, Any]) -> None:

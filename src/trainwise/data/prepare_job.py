@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -15,12 +16,15 @@ import numpy as np
 
 from trainwise.data.shards import PROGRESS, SPLITS, write_shard
 from trainwise.rundir.atomic import atomic_write_text
+from trainwise.errors import DataError
 
 if TYPE_CHECKING:
     from trainwise.data.prepare_options import PrepareOptions
 
 SHARD_BYTES = 32 * 2**20  # a shard is at most this big, so a pool of workers has shards to share
 Progress = Callable[[int, int], None]  # (shards done, shards in all), after each shard
+
+SPACE_MARGIN = 1.1  # headroom over the estimate for .npy headers, the manifest and temp files
 
 
 def shard_size(options: "PrepareOptions", sample_bytes: int, most: int = 65536) -> int:
@@ -177,3 +181,16 @@ class ProgressJournal:
             except json.JSONDecodeError:
                 continue  # the torn line; its shard is redone
         return entries
+
+
+def check_free_space(to: Path, needed_bytes: int) -> None:
+    """Refuse before writing anything when the estimate (with headroom) does not fit, with the numbers."""
+    probe = to
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    needed = int(needed_bytes * SPACE_MARGIN)
+    if free < needed:
+        raise DataError(f"{to}: the prepared data needs about {needed / 2**30:.2f} GiB ({needed:,} bytes) but "
+                        f"only {free / 2**30:.2f} GiB ({free:,} bytes) are free there. Free some space or "
+                        "prepare onto a bigger disk with --to.")

@@ -61,7 +61,7 @@ def _worker(rank: int, world_size: int, backend: str, port: int) -> None:
     if rank == 0:
         error = None if ok else f"all-reduce gave {value[0].item()}, expected {expected}"
         print(json.dumps({"ok": ok, "error": error}), flush=True)
-    dist.barrier()  # no rank tears the group down under a peer still in it (Gloo aborts: train/distributed.py)
+    dist.barrier()  # no rank tears the group down under a peer still in it (Gloo aborts: train/parallel/distributed.py)
     dist.destroy_process_group()
 
 

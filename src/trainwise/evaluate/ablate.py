@@ -28,6 +28,7 @@ from trainwise.config.derived import as_recorded
 from trainwise.errors import ConfigError, RunDirError, TrainingError, TrainwiseError
 from trainwise.evaluate.ablation_stats import summarise_variants
 from trainwise.evaluate.run_eval import evaluate_run, read_eval
+from trainwise.evaluate.tasks import own_evaluation
 from trainwise.rundir.layout import RunDir
 
 # Switches the built-in recipes expose, with the override that turns each one off: `--vary augmentation`.
@@ -172,7 +173,7 @@ def _default_metric(config: RunConfig) -> str:
     """The recipe's monitored metric on the test split; NDCG@10 for data that ranks a catalogue itself."""
     from trainwise.recipes.factories import build_data
 
-    if getattr(build_data(config).test, "evaluate_model", None) is not None:
+    if own_evaluation(build_data(config).test) is not None:
         return RANKING_METRIC
     return f"test/{config.eval.monitor.split('/')[-1]}"
 
@@ -189,7 +190,7 @@ def metric_names(config: RunConfig) -> tuple[str, dict[str, list[str]]] | None:
 
     bundle = build_data(config)  # a bad data setting is a ConfigError/DataError here: exit 2 before any run
     spec = bundle.spec
-    if getattr(bundle.test, "evaluate_model", None) is not None or spec.task not in TASKS:
+    if own_evaluation(bundle.test) is not None or spec.task not in TASKS:
         return None
     if spec.task == "classification":
         classes = max(2, spec.num_classes or 2)

@@ -21,7 +21,7 @@ import torch
 from trainwise.errors import ConfigError
 from trainwise.evaluate.export_tokens import apply_ids, export_tokens, save_tokenizer
 from trainwise.evaluate.run_model import load_run_model
-from trainwise.text.chat_templates import saved_template
+from trainwise.data.text.chat_templates import saved_template
 from trainwise.text.gpt import GPT
 
 TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.text.tokenizer import END_OF_TEXT, BpeTokenizer, ByteTokenizer, ModelTokenizer, Tokenizer
+from trainwise.data.text.tokenizer import END_OF_TEXT, BpeTokenizer, ByteTokenizer, ModelTokenizer, Tokenizer
 
 
 @dataclass(frozen=True)

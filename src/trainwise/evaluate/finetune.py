@@ -199,9 +199,9 @@ def instruction_scores(tokenizer_dir: Path, data_path: str | Path, model: nn.Mod
 def _held_out_chats(tokenizer_dir: Path, data_path: str | Path | None, split: str
                     ) -> tuple[Any, Any, list[Any]] | None:
     """(tokenizer, chat template, the split's held-out conversations), or None when there are none to ask."""
-    from trainwise.text.chat_templates import saved_template
-    from trainwise.text.instruct_prepare import read_held_out
-    from trainwise.text.tokenizer import load_tokenizer
+    from trainwise.data.text.chat_templates import saved_template
+    from trainwise.data.text.chat_prepare import read_held_out
+    from trainwise.data.text.tokenizer import load_tokenizer
 
     if not data_path or not tokenizer_dir.is_dir():
         return None

@@ -25,10 +25,11 @@ def evaluate_model_on_data(model: str | os.PathLike, data: str | os.PathLike, sp
     from trainwise.evaluate.finetune import instruction_scores
     from trainwise.evaluate.metric_warnings import metric_warnings
     from trainwise.evaluate.run_eval import SPLITS
+    from trainwise.evaluate.tasks import own_evaluation
     from trainwise.recipes import load_recipe
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.device import resolve_device
-    from trainwise.text.tokens import TOKENIZER_DIR
+    from trainwise.data.text.token_shards import TOKENIZER_DIR
 
     if split not in SPLITS:
         raise DataError(f"--split {split!r}: choose one of {', '.join(SPLITS)}.")
@@ -47,7 +48,7 @@ def evaluate_model_on_data(model: str | os.PathLike, data: str | os.PathLike, sp
                         "--split val, or prepare it again with --test-fraction or --test-file.")
     built = build_model(config, bundle.spec)  # refuses data prepared with another tokenizer
     where = resolve_device(device)
-    metrics, _ = dataset.evaluate_model(built, device=where)
+    metrics, _ = own_evaluation(dataset)(built, device=where)
     answers = instruction_scores(data / TOKENIZER_DIR, data, built, split, device=where)
     if answers is not None:  # instruction data: the model's own answers to the held-out prompts
         metrics["generations"] = answers.pop("generations")

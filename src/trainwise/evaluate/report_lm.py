@@ -78,7 +78,7 @@ def language_model_section(run: RunDir, records: list[dict[str, Any]], evaluatio
     train = [r for r in records if r.get("split") == "train" and "tokens_per_s" in r]
     if not train and (evaluation or {}).get("task") != "causal_lm":
         return None
-    from trainwise.text.tokenizer import recorded_sequence_length
+    from trainwise.data.text.tokenizer import recorded_sequence_length
 
     section = LanguageModelSection()
     if train:  # the typical interval (the median), not the last one: an outlier either way says little

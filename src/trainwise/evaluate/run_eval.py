@@ -19,7 +19,7 @@ from typing import Any
 from trainwise.rundir.atomic import atomic_write_json, atomic_write_text
 from trainwise.errors import DataError, RunDirError
 from trainwise.evaluate.metric_warnings import metric_warnings
-from trainwise.evaluate.tasks import get_task
+from trainwise.evaluate.tasks import get_task, own_evaluation as dataset_evaluation
 from trainwise.rundir.layout import RunDir
 from trainwise.rundir.weights import Checkpoint, load_weights, weights_used
 from trainwise.rundir.trust import require_trust
@@ -138,7 +138,7 @@ def _measure(run: RunDir, config: Any, model: Any, dataset: Any, spec: Any, spli
     from trainwise.evaluate.finetune import instruction_evaluation
     from trainwise.runtime.inference import predict
 
-    own_evaluation = getattr(dataset, "evaluate_model", None)
+    own_evaluation = dataset_evaluation(dataset)
     if own_evaluation is None:
         outputs, targets = predict(model, dataset, device=device)
         task = get_task(spec.task)
@@ -162,7 +162,7 @@ def _untrained_scores(model: Any, dataset: Any, spec: Any, device: Any) -> dict[
         from trainwise.text.lm_eval import split_token_metrics
 
         return {"task": "causal_lm", **split_token_metrics(model, dataset, device=device)}
-    own_evaluation = getattr(dataset, "evaluate_model", None)
+    own_evaluation = dataset_evaluation(dataset)
     if own_evaluation is not None:
         metrics, _ = own_evaluation(model, device=device)
     else:

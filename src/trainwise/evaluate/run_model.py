@@ -16,7 +16,7 @@ from trainwise.data.bundle import DataSpec
 from trainwise.errors import RunDirError
 from trainwise.rundir import RunDir
 from trainwise.runtime.model_state import StateMismatch, load_kept_state, saved_record
-from trainwise.text.tokenizer import Tokenizer, load_tokenizer, recorded_sequence_length
+from trainwise.data.text.tokenizer import Tokenizer, load_tokenizer, recorded_sequence_length
 
 
 @dataclass

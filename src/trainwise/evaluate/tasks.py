@@ -98,3 +98,19 @@ def get_task(name: str) -> EvalTask:
         raise ConfigError(f"no evaluation for task {name!r}; known tasks: {', '.join(sorted(TASKS))}. "
                           "Register one with trainwise.evaluate.tasks.register_task.")
     return TASKS[name]
+
+
+def own_evaluation(dataset: Any) -> Callable[..., tuple[dict[str, Any], Rows]] | None:
+    """How a split scores a model when it does so itself, or None (the task's metrics over predictions then):
+    a recommender's held-out queries rank the whole catalogue (`dataset.evaluate_model`), a text split streams
+    token metrics and generates (text/lm_eval.py). Called as `scorer(model, device=...)`."""
+    hook = getattr(dataset, "evaluate_model", None)
+    if hook is not None:
+        return hook
+    from trainwise.data.text.packing import PackedTextDataset
+
+    if isinstance(dataset, PackedTextDataset):
+        from trainwise.text.lm_eval import evaluate_language_model
+
+        return lambda model, *, device: evaluate_language_model(model, dataset, device=device)
+    return None

@@ -36,8 +36,8 @@ from trainwise.data.bundle import DataBundle
 from trainwise.data.prepared import prepared_text_manifest
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision, resolve_weight_dtype
-from trainwise.train.distributed import Ranks, launched_ranks, resolve_strategy
-from trainwise.train.master_weights import computing_precision
+from trainwise.train.parallel.distributed import Ranks, launched_ranks, resolve_strategy
+from trainwise.train.step.master_weights import computing_precision
 
 EVENT_KIND = "config_resolved"
 

@@ -21,12 +21,12 @@ from trainwise.rundir.checkpoint_files import read_checkpoint_header, resume_che
 from trainwise.rundir.integrity import CheckpointChoice
 from trainwise.rundir.trust import require_trust
 from trainwise.runtime.seed import seed_everything
-from trainwise.train.callbacks import Callback
-from trainwise.train.live_diagnosis import SanityFindings
-from trainwise.train.run_task import ValidateAsBuilt
-from trainwise.train.distributed import launched_ranks, leaving_the_job
-from trainwise.train.language_model import PeakFlops
-from trainwise.train.trainer import Trainer
+from trainwise.train.callbacks.base import Callback
+from trainwise.train.callbacks.live_diagnosis import SanityFindings
+from trainwise.train.loop.run_task import ValidateAsBuilt
+from trainwise.train.parallel.distributed import launched_ranks, leaving_the_job
+from trainwise.train.callbacks.token_rates import PeakFlops
+from trainwise.train.loop.trainer import Trainer
 
 
 def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] = (), *,
@@ -51,7 +51,7 @@ def build_trainer(config: RunConfig, run: RunDir, callbacks: Sequence[Callback] 
     said = [sanity, PeakFlops(device_peak_flops)]  # the card's catalogue peak, for the run's MFU
     said += [ValidateAsBuilt()] if getattr(model, "counted", False) else []  # popularity: no step
     if bundle.notes.get("tokenizer"):  # text: the run keeps the tokenizer its data was made with
-        from trainwise.train.language_model import KeepTokenizer, check_text_run
+        from trainwise.train.callbacks.token_rates import KeepTokenizer, check_text_run
 
         check_text_run(bundle, model, run.tokenizer_dir() if resuming else None, None if resuming else config)
         said.append(KeepTokenizer(bundle.notes["tokenizer"], int(bundle.spec.input_shape[0])))
@@ -78,7 +78,7 @@ def check_before_launch(config: RunConfig, ranks: int, out: Path | None = None, 
                         recipe_file: Path | None = None) -> None:
     """What `--nproc N` can refuse before any rank starts, said once (ConfigError, RunDirError): a batch the
     ranks cannot share, a strategy that does not fit the job, an `--out` that holds files."""
-    from trainwise.train.distributed import Ranks, resolve_strategy
+    from trainwise.train.parallel.distributed import Ranks, resolve_strategy
 
     config.train.micro_batch_for(ranks)
     resolve_strategy(config.train.strategy, Ranks(world_size=ranks))

@@ -49,7 +49,7 @@ class Launch:
                 args += ["--node-rank", str(self.node_rank)]
         else:
             args.append("--standalone")
-        # the ranks stop cleanly on each of these (train/signals.py): the launcher passes them on, SLURM's
+        # the ranks stop cleanly on each of these (train/recovery/signals.py): the launcher passes them on, SLURM's
         # SIGUSR1 included, rather than dying of it and leaving the ranks to be killed
         args += ["--signals-to-handle", ",".join(FORWARDED_SIGNALS)]
         return [*args, "-m", "trainwise", *command]

@@ -1,7 +1,7 @@
 """A causal LM taken apart for a chunked loss: its last hidden state and its output head.
 
 The summed token loss and its chunked form live with the batch contract (data/batch.py); the engine's
-`TokenLossModel` (train/step.py) runs the backbone and the chunked head inside one forward, so DDP, FSDP and
+`TokenLossModel` (train/step/train_step.py) runs the backbone and the chunked head inside one forward, so DDP, FSDP and
 torch.compile see the whole computation.
 
 Hugging Face causal LMs (also inside peft) give the two apart; another model qualifies by having a

@@ -30,7 +30,7 @@ from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import host_batches
 from trainwise.runtime.device import resolve_device
 from trainwise.runtime.precision import resolve_precision
-from trainwise.train.distributed import init_distributed, launched_ranks
+from trainwise.train.parallel.distributed import init_distributed, launched_ranks
 
 EVENT_KIND = "micro_batch_auto"
 MiB = 2**20

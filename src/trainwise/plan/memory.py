@@ -1,6 +1,6 @@
 """Peak memory of one training step, traced on fake tensors: no GPU, and no memory for the model.
 
-The step traced is the Trainer's own (train/step.py's TrainStep, built by `build_train_step` from the
+The step traced is the Trainer's own (train/step/train_step.py's TrainStep, built by `build_train_step` from the
 Trainer's optimizer, loss and scaler factories), so the plan estimates what `trainwise train` runs. The
 model and the batches are built under torch's FakeTensorMode, so every tensor has a shape, a dtype and a
 (meta) storage but no data. Two optimizer steps (the first creates the optimizer state; the second is the
@@ -34,8 +34,8 @@ from trainwise.plan.optimizers import PLANNED_OPTIMIZERS
 from trainwise.plan.step_phases import label_gradients, run_labelled
 from trainwise.plan.traced_step import StepTrace, TrainingStep
 from trainwise.plan.workspaces import hidden_workspace_for
-from trainwise.train.optim import build_optimizer
-from trainwise.train.step import StepSettings, TrainStep
+from trainwise.train.step.optim import build_optimizer
+from trainwise.train.step.train_step import StepSettings, TrainStep
 
 # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize = 512; every block is a multiple of it.
 CUDA_ALLOCATION_ROUNDING = 512
@@ -45,7 +45,7 @@ CUDA_ALLOCATION_ROUNDING = 512
 
 def build_train_step(step: TrainingStep, model: nn.Module, device: torch.device,
                      to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainStep:
-    """train/step.py's TrainStep with `step`'s settings, assembled as the Trainer's is (TrainStep.from_settings,
+    """train/step/train_step.py's TrainStep with `step`'s settings, assembled as the Trainer's is (TrainStep.from_settings,
     which TrainStep.from_config calls): its optimizer (fused, decay groups), its loss, its scaler, its clipping."""
     if step.optimizer in PLANNED_OPTIMIZERS:  # stand-ins with the real one's memory (plan/optimizers.py)
         optimizer = PLANNED_OPTIMIZERS[step.optimizer](model, step.optimizer_args)

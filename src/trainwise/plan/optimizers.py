@@ -21,7 +21,7 @@ MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit moments
 
 class PlannedAdamW8bit(torch.optim.Optimizer):
     """The memory of bitsandbytes.optim.AdamW8bit (not its arithmetic: it runs on fake tensors only). Like the
-    fused kernels, it takes the step's `found_inf` flag instead of asking the host (train/step.py)."""
+    fused kernels, it takes the step's `found_inf` flag instead of asking the host (train/step/train_step.py)."""
 
     _step_supports_amp_scaling = True
 

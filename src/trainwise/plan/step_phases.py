@@ -20,7 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from trainwise.plan.allocation_tracker import BELOW, BLOCKS, FORWARD, HEAD, AllocationTracker
 
 if TYPE_CHECKING:
-    from trainwise.train.step import TrainStep
+    from trainwise.train.step.train_step import TrainStep
 
 
 def label_gradients(tracker: "AllocationTracker", parameters: list[nn.Parameter]) -> None:

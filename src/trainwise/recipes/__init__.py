@@ -92,7 +92,7 @@ def drop_other_models_args(config: RunConfig, recipe_model: str | None, override
 
 
 # A run trained from Python on the user's own module and dataset records them as `python:<class path>`
-# (train/python_run.py): the CLI can read such a run, but cannot build its model or data again.
+# (train/loop/python_run.py): the CLI can read such a run, but cannot build its model or data again.
 FROM_PYTHON = "python:"
 
 

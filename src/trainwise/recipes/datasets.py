@@ -68,6 +68,6 @@ def _dataset(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
 
 from trainwise.recsys.data import shop  # noqa: E402  behaviour sequences for the recommender recipes
 
-from trainwise.text.data import pydoc_topics  # noqa: E402  text for the language-model recipe
+from trainwise.data.text.bundle import pydoc_topics  # noqa: E402  text for the language-model recipe
 
 BUILTIN_DATA = {"digits": digits, "breast_cancer": breast_cancer, "shop": shop, "pydoc_topics": pydoc_topics}

@@ -102,7 +102,7 @@ def build_data(config: RunConfig) -> DataBundle:
         from trainwise.data.shards import read_manifest
 
         if read_manifest(data.path)["kind"] == "text":  # token shards, packed into data.seq_len sequences
-            from trainwise.text.data import text_bundle
+            from trainwise.data.text.bundle import text_bundle
 
             return text_bundle(data.path, seq_len=data.seq_len)
         args = _builtin_args("data.args", DATA_ARGS["prepared"], data.args)
@@ -124,8 +124,8 @@ def build_data(config: RunConfig) -> DataBundle:
 def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
     refuse_python_run(config)
     model_config = config.model
-    if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/language_model.py)
-        from trainwise.text.language_model import build_language_model
+    if model_config.hf or model_config.hf_config:  # a Hugging Face causal LM (text/lm_builder.py)
+        from trainwise.text.lm_builder import build_language_model
 
         return build_language_model(model_config, spec, seed=config.seed)
     if model_config.factory:
@@ -149,7 +149,7 @@ def build_model(config: RunConfig, spec: DataSpec) -> nn.Module:
     model = _call_builtin(BUILTIN_MODELS[model_config.name], "model.args", {
         **args, "data_spec": spec, "gradient_checkpointing": model_config.gradient_checkpointing})
     if spec.task == "causal_lm":  # the built-in gpt: model.method and model.dtype as for a Hugging Face model
-        from trainwise.text.language_model import apply_language_model_settings
+        from trainwise.text.lm_builder import apply_language_model_settings
 
         model = apply_language_model_settings(model, model_config)
     return model

@@ -174,7 +174,7 @@ class ShopArgs(BuilderArgs):
         "an int from 0 to 2**32-1, or null (null: follow the run's seed)")] = 0
 
 
-# the built-in language model (text/gpt.py) and the corpus that ships with Python (text/data.py)
+# the built-in language model (text/gpt.py) and the corpus that ships with Python (data/text/bundle.py)
 class GptArgs(BuilderArgs):
     builder: ClassVar[str] = "gpt"
     layers: Layers = 4

@@ -77,10 +77,10 @@ class NextItemModel(nn.Module):
 
     `loss="full"`: training outputs are logits over the whole catalogue and the trainer's cross-entropy is
     the loss. `loss="sampled"`: training outputs are the states [batch, positions, hidden] and
-    `training_loss` (which train/step.py uses when a model has one) is a sampled softmax against
+    `training_loss` (which train/step/train_step.py uses when a model has one) is a sampled softmax against
     `num_sampled` negatives per batch (recsys/sampled.py), never building [batch, positions, items].
     `sparse_embeddings`: the item table's gradient holds only the rows a batch looked up, and the optimizer
-    gives it to SparseAdam (train/optim.py); it needs the sampled loss, since the full one touches every row.
+    gives it to SparseAdam (train/step/optim.py); it needs the sampled loss, since the full one touches every row.
     """
 
     def __init__(self, num_items: int, hidden: int, behaviours: int = 0, loss: str = "full",

@@ -11,7 +11,7 @@ al., 2019) subtracts each candidate's log sampling probability from its logit, s
 full softmax's. A negative that is the position's own target (an "accidental hit") is masked.
 
 The draws use torch's global generator on the model's device — the one dropout uses, which every
-checkpoint saves and restores (train/checkpoint.py, per rank under torchrun) — so a resumed run draws the
+checkpoint saves and restores (train/recovery/checkpoint.py, per rank under torchrun) — so a resumed run draws the
 same negatives as one trained straight through, and no draw waits for the host.
 
 Evaluation always ranks the full catalogue (recsys/ranking.py); only training is sampled.

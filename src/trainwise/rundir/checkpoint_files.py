@@ -1,7 +1,7 @@
 """Where a checkpoint file is written, and its format: a versioned dict of tensors and plain values, written with
 `torch.save` and read with `weights_only=True`, so loading a checkpoint never unpickles arbitrary objects.
 
-What goes into one is the engine's (train/checkpoint.py); `save` writes it atomically into the run directory
+What goes into one is the engine's (train/recovery/checkpoint.py); `save` writes it atomically into the run directory
 with its checksum, points `last`/`best` at it and rotates old ones (RunDir.save_checkpoint calls it; sharded
 checkpoint directories are checkpoint_dirs.py's); `read_checkpoint` reads one back, for the engine's resume
 and for evaluation alike."""

@@ -51,7 +51,7 @@ def _batches_from(dataset: Dataset, start: int, batch_size: int):
 
 
 def yields_token_batches(dataset: Dataset | None) -> bool:
-    """A text dataset: its samples are dicts of input_ids, labels, position_ids (text/packing.py)."""
+    """A text dataset: its samples are dicts of input_ids, labels, position_ids (data/text/packing.py)."""
     if dataset is None or len(dataset) == 0:  # type: ignore[arg-type]
         return False
     return is_token_batch(dataset[0])
@@ -59,8 +59,8 @@ def yields_token_batches(dataset: Dataset | None) -> bool:
 
 def token_metrics(model: torch.nn.Module, dataset: Dataset, *, device: torch.device | str, batch_size: int = 16,
                   precision: Precision = "fp32") -> dict[str, float]:
-    """Validation of a language model, streamed (runtime/language_model.py): loss, perplexity, token accuracy."""
-    from trainwise.runtime.language_model import token_metrics as measure
+    """Validation of a language model, streamed (runtime/token_batches.py): loss, perplexity, token accuracy."""
+    from trainwise.runtime.token_batches import token_metrics as measure
 
     device = torch.device(device)
     return measure(model, _batches_from(dataset, 0, batch_size), device=device,

@@ -1,7 +1,7 @@
 """The telemetry sampler: a background thread that reads NVML and psutil every N seconds and hands each
 sample to a writer (RunDir.log_system while training, the screen in `trainwise monitor`). Without an NVIDIA
 GPU it records host metrics only. The training engine attaches it through its own callback
-(trainwise.train.telemetry_callback); telemetry knows nothing of the engine.
+(trainwise.train.callbacks.telemetry); telemetry knows nothing of the engine.
 
 It must never slow training: it sleeps between samples, runs at the lowest CPU priority, holds the GIL only
 for the few Python lines of a reading (NVML calls are ctypes calls, which release it), and swallows its own

@@ -15,7 +15,7 @@ from torch import nn
 from trainwise.errors import ConfigError, TrainwiseWarning
 from trainwise.text.gpt import GPT
 from trainwise.text.run_checks import model_context
-from trainwise.text.tokenizer import Tokenizer
+from trainwise.data.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

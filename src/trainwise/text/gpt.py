@@ -3,7 +3,7 @@
 GPT-2's layout (learned positions, pre-norm blocks, GELU MLP 4x wide, a final LayerNorm, the output head
 tied to the token embedding), so `trainwise export` maps it onto transformers' GPT2LMHeadModel one tensor
 for one tensor (evaluate/export.py). Given `position_ids` that restart at 0 inside a row (packed documents,
-text/packing.py), a token sees only the earlier tokens of its own document, so a packed row computes each
+data/text/packing.py), a token sees only the earlier tokens of its own document, so a packed row computes each
 document exactly as if alone; no [B, T, T] mask is ever made:
 - rows of one document (or no position ids): causal `scaled_dot_product_attention` (the flash kernels);
 - on CUDA: FlexAttention with a document block mask (compiled; blocks outside a document are skipped);

@@ -1,4 +1,4 @@
-"""`trainwise eval` of a text split: the streamed metrics (runtime/language_model.py) with the wrong guesses
+"""`trainwise eval` of a text split: the streamed metrics (runtime/token_batches.py) with the wrong guesses
 named by their text, and greedy continuations of fixed prompts (the openings of the split's documents)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwise.runtime.language_model import token_metrics
+from trainwise.runtime.token_batches import token_metrics
 
 
 SAMPLE_PROMPTS = 3  # documents of the split whose opening becomes a prompt
@@ -17,7 +17,7 @@ SAMPLE_TOKENS = 48
 
 def split_token_metrics(model: nn.Module, dataset: Any, *, device: torch.device, batch_size: int = 8,
                         detailed: bool = False) -> dict[str, Any]:
-    """Loss, perplexity and token accuracy of `model` over every pack of a text split (runtime/language_model.py);
+    """Loss, perplexity and token accuracy of `model` over every pack of a text split (runtime/token_batches.py);
     `detailed`: with the loss by position and the top confusions (as ids)."""
     model.to(device)
     n = len(dataset)
@@ -31,8 +31,8 @@ def evaluate_language_model(model: nn.Module, dataset: Any, *, device: torch.dev
     by position and the top confusions named by their text, greedy continuations of fixed prompts (the
     openings of the split's first documents), and the loss by position as the predictions table."""
     from trainwise.text.generate import Sampling, generate_ids
-    from trainwise.text.tokenizer import load_tokenizer
-    from trainwise.text.tokens import TOKENIZER_DIR
+    from trainwise.data.text.tokenizer import load_tokenizer
+    from trainwise.data.text.token_shards import TOKENIZER_DIR
 
     metrics = split_token_metrics(model, dataset, device=device, batch_size=batch_size, detailed=True)
     tokenizer = load_tokenizer(dataset.stream.directory / TOKENIZER_DIR)

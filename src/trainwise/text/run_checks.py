@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from trainwise.errors import ConfigError
-from trainwise.text.tokenizer import KIND_FILE, TOKENIZER_FILES
+from trainwise.data.text.tokenizer import KIND_FILE, TOKENIZER_FILES
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "context")  # HF configs, the built-in gpt's
 # Below these an epoch-driven run (sft-lora's shape) ends before an adapter learns much, yet reports `completed`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "Trainer": "trainer", "Callback": "callbacks",
+    "Trainer": "loop.trainer", "Callback": "callbacks.base",
 }
 
 
