@@ -71,8 +71,9 @@ class ModelConfig(Section):
                                                    "(mixed precision comes from train.precision), `bf16` (pure "
                                                    "bf16 weights and optimizer state: half the memory, less exact "
                                                    "updates) or `auto`: bf16 where the device computes bf16 "
-                                                   "natively (a CUDA card, Ampere or newer), fp32 elsewhere (bf16 "
-                                                   "weights make a CPU step slower); the run records its choice.")
+                                                   "natively (a CUDA card, Ampere or newer), fp32 elsewhere (on a "
+                                                   "CPU bf16 weights were no faster, often slower); the run "
+                                                   "records its choice.")
     master_weights: Literal["fp32", "none"] = Field("fp32", description="method=full with model.dtype=bf16: "
                                                     "`fp32` keeps the trained weights in fp32 (master weights) "
                                                     "and computes under bf16 autocast, so small updates are kept; "

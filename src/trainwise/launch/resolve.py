@@ -116,8 +116,8 @@ def _weight_dtype(config: RunConfig, ranks: Ranks, device: torch.device) -> Choi
         return None
     dtype = resolve_weight_dtype("auto", device)
     why = (f"auto on {device.type}: bf16 units" if dtype == "bf16" else
-           f"auto on {device.type}: bf16 weights compute slower here than fp32; model.dtype=bf16 holds the "
-           "base in half the memory")
+           f"auto on {device.type}: bf16 weights are no faster here than fp32, often slower; model.dtype=bf16 "
+           "holds the base in half the memory")
     return Choice("model.dtype", dtype, why)
 
 
