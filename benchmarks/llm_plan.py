@@ -124,7 +124,7 @@ def lm_job(**fields):
     """The traced job with the fields a case sets; the others as every case here ran them (LmJob has no defaults:
     in `plan` they come from the RunConfig)."""
     from trainwise.llm.methods import LoraSettings
-    from trainwise.plan.llm_step import LmJob
+    from trainwise.plan.llm_job import LmJob
 
     return LmJob(**{**dict(seq_len=2048, batch_size=16, micro_batch_size=None, method="full", trainable_blocks=2,
                            lora=LoraSettings(), dtype="fp32", precision="bf16", optimizer="adamw",
@@ -135,7 +135,7 @@ def truth_on_cpu() -> dict:
     import tempfile
 
     from trainwise.llm import hf
-    from trainwise.plan.llm_plan import model_facts, trace_lm
+    from trainwise.plan.llm_estimate import model_facts, trace_lm
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -197,7 +197,7 @@ PUBLISHED = [  # (source, setting, figure GiB, job fields, what differs)
 
 def published_setups() -> list[dict]:
     from trainwise.llm.methods import LoraSettings
-    from trainwise.plan.llm_plan import trace_lm
+    from trainwise.plan.llm_estimate import trace_lm
 
     out = []
     for source, setting, figure_gib, fields, differs in PUBLISHED:
@@ -240,16 +240,19 @@ THROUGHPUT = [
 def planned_throughput() -> list[dict]:
     from trainwise.plan import advise as rules
     from trainwise.plan.catalog import find_gpus, load_gpus
-    from trainwise.plan.llm_advice import timed
-    from trainwise.plan.llm_job import lm_config, lm_job_from_config
-    from trainwise.plan.llm_plan import advice_estimates, estimate_lm
+    from trainwise.cli.plan import plan_config
+    from trainwise.plan.advise_layouts import timed
+    from trainwise.plan.job import job_from_config
+    from trainwise.plan.llm_estimate import advice_estimates, estimate_lm
     from trainwise.plan.llm_time import MFU
 
     out = []
     for source, setting, published, card, cards, flags, overrides, differs in THROUGHPUT:
         started = time.perf_counter()
         flags = {"seq_len": 2048, "batch_size": 2, **flags}
-        job, _ = lm_job_from_config(lm_config("llama-3.1-8b", flags, overrides), flags.get("optimizer"))
+        job = job_from_config(plan_config("llama-3.1-8b", overrides, flags))
+        if flags.get("optimizer") == "adamw8bit":  # plan-only (bitsandbytes): the planner's, as --optimizer gives it
+            job = job.with_changes(optimizer="adamw8bit")
         (gpu,) = find_gpus(load_gpus(), [card])
         est = estimate_lm(job)
         row = rules.plan_card(advice_estimates(est), gpu, rules.Options(max_gpus=cards), cards,
@@ -273,12 +276,14 @@ def planned_throughput() -> list[dict]:
 SPEED_CODE = """
 import json, resource, sys, time
 started = time.perf_counter()
-from trainwise.plan.llm_job import lm_config, lm_job_from_config
-from trainwise.plan.llm_report import make_lm_plan
-job, _ = lm_job_from_config(lm_config(sys.argv[1], {"method": "lora", "seq_len": 2048, "batch_size": 16,
+from trainwise.cli.plan import plan_config
+from trainwise.plan.catalog import find_gpus, load_gpus
+from trainwise.plan.job import job_from_config
+from trainwise.plan.planner import PlanRequest, plan_language_model
+job = job_from_config(plan_config(sys.argv[1], [], {"method": "lora", "seq_len": 2048, "batch_size": 16,
                                                     "micro_batch_size": 16, "gradient_checkpointing": False}))
-report = make_lm_plan(job,
-                      ("RTX4090", "A100-40GB"), 8, advice=sys.argv[2] == "advice")
+report = plan_language_model(job, find_gpus(load_gpus(), ["RTX4090", "A100-40GB"]), PlanRequest(max_gpus=8),
+                             advice=sys.argv[2] == "advice")
 print(json.dumps({"seconds": time.perf_counter() - started, "planning_seconds": report.seconds,
                   "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "peak_gib": report.estimate.trace_at(16).peak_bytes / 2**30,

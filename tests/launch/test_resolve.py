@@ -183,12 +183,13 @@ def test_on_several_cards_the_planner_decides_the_strategy(monkeypatch):
 
 
 def test_the_planner_plans_an_unset_length_as_the_run_trains_it(prepared_text):
-    from trainwise.plan.llm_job import lm_job_from_config
+    from trainwise.plan.job import job_from_config
 
     data, suggested = prepared_text
     config = tiny_config(model={"name": None, "hf_config": "gpt2", "args": {}},
                          data={"name": "prepared", "path": str(data), "seq_len": None})
-    job, notes = lm_job_from_config(config)
+    job = job_from_config(config)
+    notes = job.notes
     assert job.seq_len == suggested and not any("not set" in note for note in notes)
     assert job.precision == "bf16"  # `auto` on the bf16 cards plans are made for: the runtime's one rule
 
@@ -203,3 +204,28 @@ def test_a_config_that_leaves_a_setting_to_the_resolve_step_asks_for_the_recorde
     # a setting the user gave is theirs: a different recorded value is a different run
     given = load_recipe("breast-cancer", ["train.strategy=ddp"]).model_dump(mode="json")
     assert as_recorded(given, recorded)["train"]["strategy"] == "ddp"
+
+
+def test_what_ablate_treats_as_resolved_is_what_the_resolve_step_decides(prepared_text):
+    """config.derived.RESOLVED_SETTINGS (ablate's reuse compares configs through it) lists exactly the settings
+    the resolve step decides, plus the attention the model builder picks and config.yaml records."""
+    from trainwise.config.derived import RESOLVED_SETTINGS
+
+    data, _ = prepared_text
+    config = load_recipe("lm-gpt", ["model.args.layers=1", "model.args.width=16", "model.args.heads=2",
+                                    "train.device=cpu", f"data.path={data}", "data.seq_len=null",
+                                    "train.precision=auto", "train.strategy=auto", "train.micro_batch_size=auto",
+                                    "model.attention=auto", "model.dtype=auto", "train.batch_size=4"])
+    decided = {choice.key for choice in resolve_run(config).choices}
+    assert decided | {"model.attention"} == {f"{section}.{key}" for section, key in RESOLVED_SETTINGS}
+
+
+def test_the_built_in_gpt_on_text_resolves_an_auto_micro_batch(prepared_text):
+    """The built-in gpt's token batches trace like training's (per-document lengths read on the host; the token
+    loss), so the planner behind `auto` can size its micro-batch."""
+    data, _ = prepared_text
+    config = load_recipe("lm-gpt", ["model.args.layers=1", "model.args.width=16", "model.args.heads=2",
+                                    "train.device=cpu", f"data.path={data}", "train.micro_batch_size=auto",
+                                    "train.batch_size=4"])
+    micro = resolve_run(config).config.train.micro_batch_size
+    assert isinstance(micro, int) and 4 % micro == 0

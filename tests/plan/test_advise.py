@@ -220,7 +220,7 @@ def test_the_no_fit_message_never_offers_a_precision_already_in_use():
 
 
 def test_fsdp_beyond_one_server_is_started_on_several_machines():
-    from trainwise.plan.llm_levers import fsdp_command
+    from trainwise.plan.advise_levers import fsdp_command
 
     assert fsdp_command(8) == "trainwise train --nproc 8 ... train.strategy=fsdp"
     assert "--nproc 8 --nnodes 2 --node-rank I --rdzv-endpoint HOST:PORT" in fsdp_command(16)

@@ -1,4 +1,5 @@
-"""`trainwise plan`: parse, call planner.make_plan, print the table (or JSON)."""
+"""`trainwise plan`: parse (a recipe, or a language model whose flags spell config keys) into one RunConfig,
+call planner.make_plan, print the report (the card table here, a language model's in plan_llm.py) or JSON."""
 from __future__ import annotations
 
 import json
@@ -37,16 +38,16 @@ def plan(
                                         "of DDP and FSDP on each card, and which strategy to use."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
     method: Optional[str] = typer.Option(None, "--method", help="Language models: full, freeze, lora or qlora "
-                                         "(model.method; default full)."),
+                                         "(model.method; a model named alone: full)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Language models: tokens per sequence "
-                                          "(data.seq_len; default 2048)."),
+                                          "(data.seq_len; a model named alone: 2048)."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Language models: sequences per optimizer step "
-                                        "(train.batch_size; default 16)."),
+                                        "(train.batch_size; a model named alone: 16)."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Language models: sequences per "
-                                              "forward/backward (train.micro_batch_size; default: the most that "
-                                              "fits each card)."),
+                                              "forward/backward (train.micro_batch_size; a model named alone: "
+                                              "the most that fits each card)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Language models: the weights' dtype, fp32 or bf16 "
-                                        "(model.dtype; default: bf16 for a frozen base — lora, qlora, freeze — "
+                                        "(model.dtype; a model named alone: bf16 for a frozen base — lora, qlora, freeze — "
                                         "and fp32 master weights for full fine-tuning)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="Language models: autocast auto, bf16, "
                                             "fp16 or fp32 (train.precision; auto: bf16, fp16 where the card "
@@ -68,33 +69,72 @@ def plan(
     list_models: bool = typer.Option(False, "--list-models", help="List the catalogue of language models."),
 ) -> None:
     """Which GPU fits this training job, how long it takes and what it costs (no GPU needed)."""
-    from trainwise.cli.plan_llm import language_model_plan, list_catalogue, lm_recipe_plan
+    from trainwise.cli.plan_llm import list_catalogue, print_lm_report
     from trainwise.plan.catalog import parse_rates
-    from trainwise.plan.planner import PlanRequest, make_plan
+    from trainwise.plan.planner import LmPlanReport, PlanRequest, make_plan
 
     if list_models:
         return list_catalogue()
     if recipe is None:
         raise typer.BadParameter("give a recipe (trainwise recipes), a YAML file or a language model "
                                  "(trainwise plan --list-models)", param_hint="RECIPE")
-    lm_flags = dict(method=method, seq_len=seq_len, batch_size=batch, micro_batch_size=micro_batch, dtype=dtype,
-                    precision=precision, optimizer=optimizer, gradient_checkpointing=checkpointing,
-                    loss_chunk_size=loss_chunk, lora_rank=lora_rank, trainable_blocks=trainable_blocks)
-    money = dict(prices_file=prices, currency=currency, rates=parse_rates(rate or []), steps=steps,
-                 tokens=int(tokens) if tokens else None)
-    if language_model_plan(recipe, lm_flags, tuple(gpu or ()), gpus_per_node, as_json, overrides or [], money):
-        return None
-    config = load_recipe_or_model(recipe, overrides or [])
-    if lm_recipe_plan(config, tuple(gpu or ()), gpus_per_node, as_json, money):
-        return None
+    flags = dict(method=method, seq_len=seq_len, batch_size=batch, micro_batch_size=micro_batch, dtype=dtype,
+                 precision=precision, gradient_checkpointing=checkpointing, loss_chunk_size=loss_chunk,
+                 lora_rank=lora_rank, trainable_blocks=trainable_blocks, optimizer=optimizer)
+    config = plan_config(recipe, overrides or [], flags)
     request = PlanRequest(gpu_names=tuple(gpu or ()), max_gpus=gpus_per_node, budget=budget,
                           deadline_hours=deadline, prices_file=prices, currency=currency,
-                          rates=parse_rates(rate or []), probe=probe, nproc=nproc)
+                          rates=parse_rates(rate or []), probe=probe, nproc=nproc, steps=steps,
+                          tokens=int(tokens) if tokens else None, optimizer=optimizer)
     report = make_plan(config, request)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
-        return
-    print_report(report, Console())
+    elif isinstance(report, LmPlanReport):
+        print_lm_report(report, Console())
+    else:
+        print_report(report, Console())
+
+
+# `plan`'s flags are spellings of config keys: --method lora is model.method=lora (a dotted override says the same)
+FLAG_KEYS = {"method": "model.method", "dtype": "model.dtype", "trainable_blocks": "model.trainable_blocks",
+             "gradient_checkpointing": "model.gradient_checkpointing", "loss_chunk_size": "model.loss_chunk_size",
+             "seq_len": "data.seq_len", "batch_size": "train.batch_size",
+             "micro_batch_size": "train.micro_batch_size", "precision": "train.precision", "optimizer": "optim.name"}
+
+
+def flag_overrides(flags: dict) -> list[str]:
+    """The dotted overrides the flags given spell (a flag left out sets nothing). --lora-rank R is
+    model.lora.rank=R with alpha 2 x R, the usual scale; a plan-only optimizer (adamw8bit) is the planner's."""
+    from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS
+
+    out = [f"{FLAG_KEYS[name]}={json.dumps(value)}" for name, value in flags.items()
+           if name in FLAG_KEYS and value is not None
+           and not (name == "optimizer" and value in PLAN_ONLY_OPTIMIZERS)]
+    if flags.get("lora_rank") is not None:
+        out += [f"model.lora.rank={flags['lora_rank']}", f"model.lora.alpha={2.0 * flags['lora_rank']}"]
+    return out
+
+
+def plan_config(argument: str, overrides: list[str], flags: dict):
+    """The RunConfig `trainwise plan ARGUMENT [overrides] [flags]` describes: a language model named by a
+    catalogue name, a config.json or a model directory is model.hf_config=ARGUMENT (llm_job.model_config);
+    anything else is a recipe. The flags come before the overrides, so a dotted key written out wins."""
+    from trainwise.plan.llm_job import model_config
+
+    spelled = flag_overrides(flags) + list(overrides)
+    if is_language_model_argument(argument):
+        return model_config(argument, spelled)
+    return load_recipe_or_model(argument, spelled)
+
+
+def is_language_model_argument(argument: str) -> bool:
+    """A catalogue name, a .json file (even a missing one: the error then says so), or a model directory;
+    never a recipe (YAML or built-in name)."""
+    from trainwise.llm.hf import looks_like_config_spec
+    suffix = Path(argument).suffix
+    if suffix in (".yaml", ".yml"):
+        return False
+    return suffix == ".json" or looks_like_config_spec(argument)
 
 
 def load_recipe_or_model(name: str, overrides: list[str]):

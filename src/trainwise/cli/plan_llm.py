@@ -1,9 +1,6 @@
-"""`trainwise plan` for language models: detect a model argument, build the job from the flags (or a recipe's
-model.hf / model.hf_config), call plan.llm_report, print the report in the user's words."""
+"""`trainwise plan`'s printer for a language model's plan (planner.LmPlanReport): the job, its peak, its layouts
+per card and the levers that make it fit, in the user's words; and the model catalogue (--list-models)."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -11,37 +8,6 @@ from rich.console import Console
 from trainwise.cli.plan_units import bytes_text, duration_text, flops_text, money_text
 
 GiB = 2**30
-
-
-def is_language_model(argument: str) -> bool:
-    """A catalogue name, a .json file (even a missing one: the error then says so), or a model directory;
-    never a recipe (YAML or built-in name)."""
-    from trainwise.llm.hf import looks_like_config_spec
-    suffix = Path(argument).suffix
-    if suffix in (".yaml", ".yml"):
-        return False
-    return suffix == ".json" or looks_like_config_spec(argument)
-
-
-def language_model_plan(argument: str, flags: dict, gpus: tuple[str, ...], max_gpus: int, as_json: bool,
-                        overrides: list[str] = (), money: dict | None = None) -> bool:
-    """Plan `argument` as a language model when it names one (True), else leave it to the recipe path. The flags
-    and overrides make a RunConfig (plan/llm_job.lm_config), planned as a recipe's would be."""
-    if not is_language_model(argument):
-        return False
-    from trainwise.plan.llm_job import lm_config
-    config = lm_config(argument, flags, list(overrides))
-    return lm_recipe_plan(config, gpus, max_gpus, as_json, money, optimizer=flags.get("optimizer"))
-
-
-def lm_recipe_plan(config, gpus: tuple[str, ...], max_gpus: int, as_json: bool, money: dict | None = None,
-                   optimizer: str | None = None) -> bool:
-    """Plan a config whose model is a language model (model.hf or model.hf_config) (True), else False."""
-    if not (config.model.hf or config.model.hf_config):
-        return False
-    from trainwise.plan.llm_report import plan_language_model
-    _show(plan_language_model(config, gpus, max_gpus, money, optimizer), as_json)
-    return True
 
 
 def list_catalogue() -> None:
@@ -52,13 +18,6 @@ def list_catalogue() -> None:
         typer.echo(f"{name:<16} {entry.parameters / 1e9:>10.2f} B  {entry.config['model_type']:<8} {entry.source}")
     typer.echo("Plan one with: trainwise plan NAME --method lora --gpu RTX4090 (a config.json or a model directory "
                "works too).")
-
-
-def _show(report, as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        print_lm_report(report, Console())
 
 
 def print_lm_report(report, console: Console) -> None:

@@ -66,7 +66,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Use fewer DataLoader workers or smaller batches (trainwise: `data.num_workers=2`); "
          "`data.num_workers=0` needs no shared memory, at the cost of speed."),
         patterns(r"killed by signal: Bus error", r"insufficient shared memory \(shm\)",
-                 r"unable to (?:write to file|open shared memory object) </torch_",
+                 r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file) </torch_",
                  r"^(?!.*NCCL WARN).*(?:/dev/shm.*No space left on device|No space left on device.*/dev/shm)"),
         keywords=("bus error", "shm", "torch_", "memory"),
     ),
@@ -85,8 +85,14 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"is killed by signal: Killed", r"(?i:out of memory: kill(?:ed)? process)", r"invoked oom-killer",
                  r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\) received by PID",
                  r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)",
-                 r"(?<![A-Za-z])(?:_Array)?MemoryError\b", r"^\s*Killed\s*$"),
-        keywords=("kill", "exitcode", "alloc", "memory"),
+                 r"(?<![A-Za-z])(?:_Array)?MemoryError\b", r"^\s*Killed\s*$",
+                 # Slurm ("oom_kill event", "OOM Killed"), Kubernetes ("OOMKilled"), a shell's job report
+                 # ("line 19: 40718 Killed   python train.py"), 137 = 128 + SIGKILL
+                 r"(?i:\boom[ _-]?kill(?:ed|er)?\b)", r"\b\d+ Killed\s{2,}\S",
+                 r"(?i:\bexit(?:ed)?(?: with)?(?: status| code)?:? ?137\b)",
+                 r"(?i:\b(?:used|using) all (?:the )?available (?:RAM|system memory|host memory)\b)",   # Colab
+                 r"\[Errno 12\] Cannot allocate memory"),   # fork() of a DataLoader worker, os calls
+        keywords=("kill", "exitcode", "alloc", "memory", "137", "all available", "all the available"),
     ),
     Rule(
         "cuda_oom", "GPU out of memory",
@@ -101,7 +107,8 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Look for other processes on the GPU with `nvidia-smi`; if reserved memory is much larger than "
          "allocated, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."),
         patterns(r"(?i:CUDA out of memory)", r"CUDA error: out of memory", r"(?i:Cuda failure '?out of memory)",
-                 r"\bOutOfMemoryError\b", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation"),
+                 r"\bOutOfMemoryError\b", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation",
+                 r"(?i:HIP out of memory)"),   # ROCm's wording
         keywords=("memory", "alloc"),
     ),
     Rule(
@@ -112,10 +119,13 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "Build the model with the configuration the checkpoint was trained with.",
          "Pass `strict=False` only when the difference is intended, and read the missing/unexpected keys it "
          "returns."),
-        patterns(r"Error\(s\) in loading state_dict", r"(?:Missing|Unexpected) key\(s\) in state_dict",
+        patterns(r"Error\(s\) in loading state_dict",
+                 # "key(s) in state_dict" (load_state_dict), "key in checkpoint state_dict" (distributed.checkpoint)
+                 r"(?:Missing|Unexpected) keys?(?:\(s\))? in (?:checkpoint )?state_dict",
+                 r"Unable to load weights from (?:pytorch |PyTorch )?checkpoint file",
                  r"size mismatch for [\w.]+: copying a param with shape", r"Weights only load failed",
                  r"WeightsUnpickler error", r"PytorchStreamReader failed", r"invalid load key",
-                 r"Attempting to deserialize object on (?:a )?CUDA device", r"unexpected key \"module\.",
+                 r"unexpected key \"module\.",
                  r"SafetensorError: Error while deserializing"),
         keywords=("state_dict", "mismatch", "weights", "pytorchstream", "deserializ", "key"),
         variants=(
@@ -153,12 +163,6 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                     "pointer: `git lfs pull`).",
                     "Download or copy it again; load an earlier checkpoint if this one was cut short.",
                     "Save atomically (write a temp file, then rename), as trainwise's checkpoints do."),
-            variant((r"Attempting to deserialize object on (?:a )?CUDA device",),
-                    "GPU checkpoint loaded where no GPU is visible",
-                    "The checkpoint's tensors were saved on a GPU and this process has none (or torch "
-                    "cannot see it).",
-                    "Load onto the CPU and move afterwards: `torch.load(path, map_location='cpu')`.",
-                    "If this machine should have a GPU, check `nvidia-smi` and `CUDA_VISIBLE_DEVICES`."),
             variant((r"size mismatch for [\w.]+: copying a param",),
                     "Checkpoint shapes differ from the model",
                     "The checkpoint was trained with a different configuration (number of classes, hidden "
@@ -178,8 +182,11 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
          "`pip install torch --index-url https://download.pytorch.org/whl/cu118`.",
          "Or upgrade the driver (Ubuntu: `sudo ubuntu-drivers install`) and reboot."),
         patterns(r"The NVIDIA driver on your system is too old",
-                 r"CUDA driver version is insufficient for CUDA runtime version", r"cudaErrorInsufficientDriver"),
-        keywords=("driver",),
+                 r"CUDA driver version is insufficient for CUDA runtime version", r"cudaErrorInsufficientDriver",
+                 # PTX (torch.compile / Triton / extensions) from a newer CUDA than the driver can compile
+                 r"provided PTX was compiled with an unsupported toolchain",
+                 r"(?i:UNSUPPORTED_PTX_VERSION|cudaErrorUnsupportedPtxVersion)"),
+        keywords=("driver", "ptx"),
     ),
     Rule(
         "cuda_mismatch", "PyTorch's CUDA build does not fit this GPU",
@@ -195,8 +202,11 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"no kernel image is available for execution on the device",
                  r"is not compatible with the current PyTorch installation", r"Torch not compiled with CUDA enabled",
                  r"CUDA error: invalid device function",
-                 r"The detected CUDA version \([\d.]+\) mismatches the version that was used to compile"),
-        keywords=("kernel", "compatible", "cuda", "device"),
+                 r"The detected CUDA version \([\d.]+\) mismatches the version that was used to compile",
+                 # a compiled extension that calls into another torch build (c10::, at::, torch:: mangled)
+                 r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*",
+                 r"invalid value for --gpu-architecture"),   # nvrtc (JIT) too old for the card
+        keywords=("kernel", "compatible", "cuda", "device", "undefined symbol", "gpu-architecture"),
         variants=(
             variant((r"Torch not compiled with CUDA enabled",),
                     "PyTorch is a CPU-only build",
@@ -213,6 +223,16 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                     "Compare `nvcc --version` with `python -c 'import torch; print(torch.version.cuda)'`.",
                     "Point the build at a matching toolkit (`export CUDA_HOME=/usr/local/cuda-12.4`) or "
                     "install the torch wheel for your toolkit's CUDA."),
+            variant((r"\.so: undefined symbol: _ZNK?(?:3c10|2at|5torch)\w*",),
+                    "Compiled extension built for another PyTorch",
+                    "A compiled extension (the `.so` named) was built against a different torch version "
+                    "than the one installed, so a torch function it calls does not exist under that name. "
+                    "Upgrading torch after installing the extension, or a prebuilt wheel for another torch, "
+                    "does this.",
+                    "Rebuild it against the installed torch: `pip install --no-build-isolation "
+                    "--force-reinstall --no-cache-dir PACKAGE`.",
+                    "Or install the extension's wheel made for your torch and CUDA version (its release page "
+                    "names them), or the torch version it was built for."),
         ),
     ),
     Rule(
@@ -229,6 +249,7 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
         patterns(r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
                  r"no CUDA-capable device is detected", r"CUDA driver initialization failed", r"cudaErrorNoDevice",
                  r"invalid device ordinal", r"AssertionError: Invalid device id",
+                 r"CUDA-capable device\(s\) (?:is/are|are|is) busy or unavailable",   # exclusive mode, taken
                  r"CUDA unknown error - this may be due to an incorrectly set up environment",
                  r"Error 802: system not yet initialized",
                  r"You requested gpus?: \[", r"(?:CUDA|GPU)Accelerator can not run on your system",
@@ -236,10 +257,21 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
                  r"could not select device driver \"[^\"]*\" with capabilities: \[\[gpu\]\]",
                  r"(?i:mixed precision requires a GPU)",
                  # the words of scripts and libraries that checked and found none
-                 r"(?i:\bno (?:cuda |nvidia )?(?:gpus?|cuda devices?) (?:were |was )?(?:found|available|detected)\b)",
+                 r"(?i:\bno (?:supported |usable |available )?(?:cuda |nvidia )?(?:gpus?|cuda devices?)(?: backend)? "
+                 r"(?:were |was )?(?:found|available|detected)\b)",
                  r"(?i:\bcuda is not available\b)", r"is_available\(\) (?:is|returned|==) False",
-                 r"device_count\(\) (?:is|returned|==) 0\b"),
+                 r"device_count\(\) (?:is|returned|==) 0\b",
+                 # the checkpoint is fine: it was saved on a GPU and this process has none
+                 r"Attempting to deserialize object on (?:a )?CUDA device"),
         keywords=("gpu", "driver", "device", "environment", "error 802", "accelerator", "cuda", "is_available"),
+        variants=(
+            variant((r"Attempting to deserialize object on (?:a )?CUDA device",),
+                    "GPU checkpoint loaded where no GPU is visible",
+                    "The checkpoint's tensors were saved on a GPU and this process has none (or torch "
+                    "cannot see it). The file itself is fine.",
+                    "Load onto the CPU and move afterwards: `torch.load(path, map_location='cpu')`.",
+                    "If this machine should have a GPU, check `nvidia-smi` and `CUDA_VISIBLE_DEVICES`."),
+        ),
     ),
     Rule(
         "disk_full", "Disk full",

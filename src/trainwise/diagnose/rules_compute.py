@@ -59,7 +59,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"(?i:found (?:nan|inf) in (?:local )?grad)", r"Invalid loss, terminating training",
                  r"Detected nan and/or inf values in", r"is non-finite, so it cannot be clipped",
                  r"(?i:minimum loss scale reached)", r"loss scale already at minimum",
-                 r"to satisfy the constraint \w+\(\), but found invalid values",   # NaN reaching a distribution
+                 # NaN reaching a distribution, whatever its constraint: Real(), IndependentConstraint(Real(), 1)
+                 r"to satisfy the constraint .{0,120}?, but found invalid values",
                  r"(?i:(?<![a-z])loss\w*['\"]?\s*[:=]\s*tensor\((?:nan|-?inf)\b)",   # a printed loss tensor
                  # a progress table whose loss columns read nan (torch prints it in lower case; pandas' NaN
                  # in a data dump is not a loss)
@@ -93,8 +94,19 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Input type \(torch\.cuda\.\w+\) and weight type \(torch\.(?!cuda\.)\w+\)",
                  r"Input type \(torch\.(?!cuda\.)\w+\) and weight type \(torch\.cuda\.\w+\)",
                  r"is on CPU, but expected (?:it|them) to be on GPU",
-                 r"indices should be either on cpu or on the same device as the indexed tensor"),
+                 r"indices should be either on cpu or on the same device as the indexed tensor",
+                 r"can't convert \w+(?::\d+)? device type tensor to numpy",
+                 r"tensors are not at the same device"),   # RNNs: input and hidden state
         keywords=("device", "type", "expected", "indices"),
+        variants=(
+            variant((r"can't convert \w+(?::\d+)? device type tensor to numpy",),
+                    "A GPU tensor handed to numpy",
+                    "numpy (or a library built on it: scikit-learn, matplotlib, pandas) was given a tensor "
+                    "that lives on the GPU; numpy reads only host memory.",
+                    "Copy it to the host first: `t.detach().cpu().numpy()` (or `.tolist()` for a few values).",
+                    "Keep metrics on the GPU where you can (`torchmetrics`), and move results once per "
+                    "evaluation, not per batch."),
+        ),
     ),
     Rule(
         "dtype_mismatch", "Tensors of different dtypes",
@@ -113,8 +125,25 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"\(torch\.(?(in_cuda)cuda\.)(?!(?P=in_type)\))\w+\)",
                  r"but type torch\.(?P<a_cuda>cuda\.)?(?P<a_type>\w+) does not equal "
                  r"torch\.(?(a_cuda)cuda\.)(?!(?P=a_type)\b)\w+",
-                 r"result type \w+ can't be cast to the desired output type \w+", r"Found dtype \w+ but expected \w+"),
-        keywords=("type",),
+                 r"result type \w+ can't be cast to the desired output type \w+", r"Found dtype \w+ but expected \w+",
+                 # an op with no kernel for the dtype it got (float class labels, fp16 on the CPU)
+                 r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'",
+                 r"to have (?:one of the following )?scalar types?:? [\w, ]+; but got \S+ instead",
+                 # dtype names (c10::Half, float), never tensor types (torch.cuda.FloatTensor: a device question)
+                 r"Input type \((?:c10::)?\w+\) and bias type \((?:c10::)?\w+\) should be the same"),
+        keywords=("type", "not implemented for"),
+        variants=(
+            variant((r"\"\w+\" not implemented for '(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)'",),
+                    "Operation not available for this dtype",
+                    "The operation has no kernel for the dtype it got (named after 'not implemented for'): "
+                    "class labels stored as floats where a loss wants integer indices, or fp16 on the CPU, "
+                    "where many operations have no half-precision kernel.",
+                    "Class labels for cross-entropy / NLL: `y.long()` (store them as integers in the "
+                    "Dataset).",
+                    "On the CPU compute in fp32 (or bf16): `model.float()`, or autocast with "
+                    "`dtype=torch.bfloat16`; keep fp16 for the GPU.",
+                    "Print the dtypes going in: `print(x.dtype, y.dtype, next(model.parameters()).dtype)`."),
+        ),
     ),
     Rule(
         "cudnn_error", "cuDNN error",
@@ -130,7 +159,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "(slower; a diagnosis, not a fix)."),
         patterns(r"CUDNN_STATUS_[A-Z_]+", r"(?i:cuDNN error)", r"Unable to find a valid cuDNN algorithm",
                  r"(?:GET|FIND) was unable to find an engine to execute this computation",
-                 r"cuDNN version incompatibility"),
+                 r"cuDNN version incompatibility",
+                 r"Could not load library libcudnn\w*", r"(?i:unable to load any of \{?libcudnn)"),
         keywords=("cudnn", "engine"),
         variants=(
             variant((r"CUDNN_STATUS_NOT_INITIALIZED", r"CUDNN_STATUS_ALLOC_FAILED",
@@ -142,6 +172,16 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                     "Try a smaller batch, and check other processes on the GPU with `nvidia-smi`.",
                     "Check `python -c 'import torch; print(torch.backends.cudnn.version())'` and that "
                     "`LD_LIBRARY_PATH` does not point at another cuDNN."),
+            variant((r"Could not load library libcudnn\w*", r"(?i:unable to load any of \{?libcudnn)"),
+                    "cuDNN library could not be loaded",
+                    "The cuDNN library torch needs could not be found or opened: a torch wheel whose cuDNN "
+                    "package is missing or of another version, or an `LD_LIBRARY_PATH` that points at a "
+                    "different one.",
+                    "See which one is found: `python -c 'import torch; print(torch.backends.cudnn.version())'` "
+                    "and `echo $LD_LIBRARY_PATH`.",
+                    "Reinstall torch so its own cuDNN comes with it: `pip install --force-reinstall torch` "
+                    "(the wheel depends on `nvidia-cudnn-cu12`); remove other cuDNN paths from "
+                    "`LD_LIBRARY_PATH`."),
             variant((r"cuDNN version incompatibility",),
                     "cuDNN version differs from torch's",
                     "torch loaded a cuDNN library of another version than it was built against, usually "
@@ -164,6 +204,10 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "output (class indices of shape `(N,)` for CrossEntropyLoss)."),
         patterns(r"mat1 and mat2 shapes cannot be multiplied",
                  r"size of tensor a(?: \(\d+\))? must match the size of tensor b",
+                 r"expanded size of the tensor \(\d+\) must match the existing size \(\d+\)",
+                 r"Expected target size \([\d, ]+\), got torch\.Size",
+                 r"Calculated output size: \([^)]*\)\. Output size is too small",
+                 r"only batches of spatial targets supported",
                  r"expected input\[.*\] to have \d+ channels, but got \d+ channels instead",
                  r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)",
                  r"shape '\[[^\]]*\]' is invalid for input of size \d+", r"size mismatch, m1: \[",
@@ -171,9 +215,26 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Sizes of tensors must match except in dimension \d+",
                  r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+, but got input of size",
                  r"The shape of the mask \[[^\]]*\] at index \d+ does not match the shape of the indexed tensor",
-                 r"0D or 1D target tensor expected, multi-target not supported"),
-        keywords=("shape", "size", "channels", "target"),
+                 r"0D or 1D target tensor expected, multi-target not supported",
+                 # sequences of different lengths batched without padding (collate, torch.tensor, tokenizers)
+                 r"stack expects each tensor to be equal size",
+                 r"expected sequence of length \d+ at dim \d+ \(got \d+\)",
+                 r"Unable to create tensor, you should probably activate truncation and/or padding"),
+        keywords=("shape", "size", "channels", "target", "sequence of length", "padding"),
         variants=(
+            variant((r"stack expects each tensor to be equal size",
+                     r"expected sequence of length \d+ at dim \d+ \(got \d+\)",
+                     r"Unable to create tensor, you should probably activate truncation and/or padding"),
+                    "Samples of different lengths in one batch",
+                    "The samples of a batch have different lengths (token sequences, variable-size images), "
+                    "and were stacked into one tensor without padding: the default collate and "
+                    "`torch.tensor` need equal sizes.",
+                    "Pad in the collate function: `torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, "
+                    "padding_value=pad_id)`, or transformers' `DataCollatorWithPadding(tokenizer)`.",
+                    "When tokenizing a batch: `tokenizer(texts, padding=True, truncation=True, "
+                    "max_length=N, return_tensors='pt')`.",
+                    "Or make every sample the same length up front (truncate and pad, or pack sequences; "
+                    "`trainwise prepare` packs text)."),
             variant((r"The shape of the mask \[\d+, 1\] at index \d+ does not match",
                      r"0D or 1D target tensor expected, multi-target not supported"),
                     "Targets shaped (N, 1) where class labels (N,) were expected",
@@ -199,9 +260,23 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          "`init_process_group`."),
         patterns(r"(?i:NCCL error)", r"\bnccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b",
                  r"DistBackendError: (?!.*(?i:timed? ?out|timeout))",   # one that timed out is a timeout
-                 r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)"),
-        keywords=("nccl", "distbackend"),
+                 r"NCCL WARN .*(?:shared memory|posix_fallocate|failed to extend /dev/shm)",
+                 # a rank that cannot reach the rendezvous / TCP store at all (not one that timed out; a
+                 # "[W] client socket has failed to connect" alone is a retry, and may still succeed)
+                 r"RendezvousConnectionError",
+                 r"DistNetworkError: .*(?:Connection refused|No route to host|Name or service not known)"),
+        keywords=("nccl", "distbackend", "rendezvousconnection", "distnetwork"),
         variants=(
+            variant((r"(?i:client socket has failed to connect)", r"RendezvousConnectionError",
+                     r"DistNetworkError: .*(?:Connection refused|No route to host|Name or service not known)"),
+                    "The ranks could not reach the rendezvous address",
+                    "A process could not connect to the master's TCP store (`MASTER_ADDR:MASTER_PORT`, "
+                    "torchrun's `--rdzv-endpoint`): the first node is not running yet or has exited, the "
+                    "address or port is wrong, or a firewall blocks it.",
+                    "Check the endpoint every node uses (`MASTER_ADDR`, `MASTER_PORT`, `--rdzv-endpoint`) "
+                    "and that the first node started its launcher.",
+                    "Test the path from this node: `nc -zv HOST PORT` (open the port in the firewall or "
+                    "security group)."),
             variant((r"socketStartConnect", r"No route to host", r"Connection refused", r"NET/IB",
                      r"NCCL_SOCKET_IFNAME"),
                     "NCCL could not connect the ranks",
@@ -260,6 +335,8 @@ COMPUTE_RULES: tuple[Rule, ...] = (
                  r"Heartbeat monitor timed out", r"failed to pass monitoredBarrier",
                  r"Timed out waiting \d+ms for (?:send|recv) operation to complete",
                  r"\bTimeout at NCCL work: \d+", r"Dist(?:Network|Backend)Error: .*(?i:timed out|timeout)",
+                 # a rank waiting in the key-value store for another's NCCL id or address
+                 r"store->(?:get|wait)\([^)]*\) got error: .*(?i:timed out|timeout)",
                  # a collective or the process group named with a timeout, in any order, on one line
                  r"(?i:\b(?:nccl|gloo|collective|barrier|all_?reduce|all_?gather|reduce_?scatter|broadcast)\b"
                  r".{0,80}\b(?:timed out|timeout)\b)",

@@ -25,6 +25,7 @@ from trainwise.config.derived import micro_batch_sizes
 from trainwise.plan.advise import (ALLOCATOR_SLACK_BYTES, CUBLAS_32MIB_MAJORS, CUBLAS_WORKSPACE_BYTES,
                                    CUDNN_WORKSPACE_BYTES, SAFETY_MARGIN)
 from trainwise.plan.job import estimate_job, job_from_config
+from trainwise.plan.llm_job import LmJob
 from trainwise.plan.memory import build_train_step
 from trainwise.plan.traced_step import TrainingStep
 from trainwise.plan.probe import host_batches
@@ -118,10 +119,10 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     device = resolve_device(train.device, ranks.local_rank if ranks.enabled else None)
     kind = "cuda" if device.type == "cuda" else "cpu"
     plain = config.model_copy(update={"train": train.model_copy(update={"micro_batch_size": None})})
-    if plain.model.hf or plain.model.hf_config:  # a language model: the planner's LM traces, same levers
-        memory, step = _language_model_memory(plain, kind, device)
+    job = job_from_config(plain, kind)
+    if isinstance(job, LmJob):  # a language model: the planner's LM traces, same levers
+        memory, step = _language_model_memory(job, plain, kind, device)
     else:
-        job = job_from_config(plain, kind)
         if kind == "cuda":  # the precision this card computes in, not the plan's bf16 card
             job = replace(job, step=replace(job.step, precision=resolve_precision(train.precision, device)))
         memory, step = estimate_job(job, (kind,)).memory[kind], job.step
@@ -146,16 +147,17 @@ def resolve_micro_batch(config: RunConfig) -> tuple[RunConfig, MicroBatchChoice]
     return resolved, choice
 
 
-def _language_model_memory(config: RunConfig, kind: str, device: torch.device):
-    """The peak curve of a language-model job (plan/llm_plan.py) as a MemoryModel, and its step (full depth)."""
+def _language_model_memory(job: LmJob, config: RunConfig, kind: str, device: torch.device):
+    """The peak curve of a language-model job (plan/llm_estimate.py) as a MemoryModel, and its step (full
+    depth), in the precision the run computes in on this device (the runtime's rule, master weights in bf16)."""
     from trainwise.plan.job import fit_memory
-    from trainwise.plan.llm_plan import estimate_lm
-    from trainwise.plan.llm_job import lm_job_from_config
+    from trainwise.plan.llm_estimate import estimate_lm
     from trainwise.plan.llm_step import lm_step
+    from trainwise.train.step.master_weights import computing_precision
 
-    job, _ = lm_job_from_config(config)
     if kind == "cuda":
-        job = job.with_changes(precision=resolve_precision(config.train.precision, device))
+        job = job.with_changes(precision=computing_precision(resolve_precision(config.train.precision, device),
+                                                             config.model))
     estimate = estimate_lm(job, device_kind=kind)
     return fit_memory(kind, estimate.traces), lm_step(job, device_kind=kind)
 

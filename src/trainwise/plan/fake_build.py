@@ -72,8 +72,11 @@ def make_batch(step: "TrainingStep", device: torch.device | str = "cpu"):
     if step.token_batches:  # the batch contract of text data: labels aligned with the outputs
         ids = torch.randint(0, step.vocabulary_size or 2, shape, device=device)
         positions = torch.arange(shape[-1], device=device).expand(shape).contiguous()
-        return {"input_ids": ids, "labels": torch.randint(0, step.vocabulary_size or 2, shape, device=device),
-                "position_ids": positions}
+        batch = {"input_ids": ids, "labels": torch.randint(0, step.vocabulary_size or 2, shape, device=device),
+                 "position_ids": positions}
+        if step.host_document_lengths:
+            batch["document_lengths"] = [[shape[-1]] for _ in range(shape[0])]
+        return batch
     if step.input_dtype.is_floating_point:
         inputs = torch.randn(shape, dtype=step.input_dtype, device=device)
     else:

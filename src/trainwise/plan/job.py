@@ -14,6 +14,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan.estimates import Estimates, PeakCurve
+from trainwise.plan.llm_job import LmJob, is_language_model, language_model_job
 from trainwise.plan.memory import trace_step
 from trainwise.plan.traced_step import DeviceKind, StepTrace, TrainingStep
 
@@ -72,13 +73,16 @@ class JobEstimate:
 # ---- from a RunConfig --------------------------------------------------------------------------------------
 
 def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
-                    cards_without_bf16: tuple[str, ...] = (), ranks: int = 1) -> Job:
+                    cards_without_bf16: tuple[str, ...] = (), ranks: int = 1) -> Job | LmJob:
     """The job one rank of `ranks` runs `config` as: the micro-batch and accumulation are the trainer's for that
     many. `cards_without_bf16`: the cards planned for, when none has bf16 (a T4, a V100); `auto` precision is
-    then planned as what it resolves to on them."""
+    then planned as what it resolves to on them. A language model (model.hf or model.hf_config) is an LmJob,
+    traced two depths at a time (llm_estimate.py) and timed per card in the precision it computes in there."""
     from trainwise.recipes.factories import build_data, build_model
     from trainwise.runtime.precision import choose_precision
 
+    if is_language_model(config):
+        return language_model_job(config)
     bundle = build_data(config)
     spec = bundle.spec
     train = config.train
@@ -112,7 +116,9 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
         optimizer_args={"lr": config.optim.lr, "betas": config.optim.betas, "eps": config.optim.eps,
                         "weight_decay": config.optim.weight_decay, "momentum": config.optim.momentum},
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,
-        target_shape=target_shape, vocabulary_size=vocabulary)
+        target_shape=target_shape, vocabulary_size=vocabulary,
+        # the built-in gpt on text: token batches and the token loss, as trained
+        token_batches=isinstance(bundle.train[0], dict), host_document_lengths=isinstance(bundle.train[0], dict))
     num_train = spec.num_train or len(bundle.train)
     steps_per_epoch = train.steps_per_epoch(num_train)  # the trainer's count: a partial last batch never runs
     total = train.total_steps(num_train)
@@ -129,7 +135,8 @@ def sample_shapes(train, spec) -> tuple[tuple[int, ...], int | None]:
     """What one real training sample says that the spec does not: the shape of its target (a label per
     position for next-item recommenders and token models, one label otherwise), and for integer inputs
     the index range the step's fake batches may use (at least the sample's own ids)."""
-    inputs, target = train[0]
+    sample = train[0]  # (inputs, target), or a token sample's dict (data/batch.py): labels per position
+    inputs, target = (sample["input_ids"], sample["labels"]) if isinstance(sample, dict) else sample
     target_shape = tuple(torch.as_tensor(target).shape)
     vocabulary = None
     if not spec.input_dtype.is_floating_point:

@@ -3,70 +3,22 @@ from a config (catalogue name, config.json or model directory), its method appli
 peft, QLoRA's 4-bit base), checkpointing enabled as `trainwise train` enables it, dict batches of the batch
 contract, the engine's TrainStep with its token loss (chunked when asked).
 
-`lm_step(job, layers=k)` builds the same job with only k transformer blocks: llm_plan.py traces two depths and
-extends the line to the real one (every block is the same shape, so memory, FLOPs and traffic are linear in
+`lm_step(job, layers=k)` builds the same job with only k transformer blocks: llm_estimate.py traces two
+depths and extends the line to the real one (every block is the same shape, so memory, FLOPs and traffic are linear in
 the number of blocks), which is what keeps a 70B plan to seconds.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 from torch import nn
 
 from trainwise.llm import hf, methods
+from trainwise.plan.llm_job import LmJob
 from trainwise.plan.traced_step import DeviceKind, TrainingStep
 
 NF4_BLOCK, ABSMAX_BLOCK = 64, 256  # bitsandbytes NF4: one absmax per 64 weights, double-quantised per 256
-
-
-@dataclass(frozen=True)
-class LmJob:
-    """A language-model training job as the planner traces it. It has no defaults of its own: it is read from a
-    RunConfig (plan/llm_job.lm_job_from_config), whose schema and `plan`'s flags hold them."""
-
-    model: str | dict  # catalogue name, config.json path, model directory, or config fields
-    seq_len: int
-    batch_size: int  # sequences per optimizer step
-    micro_batch_size: int | None  # None: the whole batch at once
-    method: str
-    trainable_blocks: int
-    lora: methods.LoraSettings
-    dtype: str  # weights (and so optimizer state): fp32 master or bf16
-    precision: str  # autocast
-    optimizer: str  # adamw | adamw8bit | sgd
-    gradient_checkpointing: bool
-    loss_chunk_size: int | None
-    grad_clip_norm: float | None
-    overrides: dict[str, Any] = field(default_factory=dict)  # config fields replaced (e.g. a smaller model)
-
-    @property
-    def micro(self) -> int:
-        return self.micro_batch_size or self.batch_size
-
-    def config(self, layers: int | None = None):
-        """The transformers config, with `layers` blocks when given."""
-        overrides = dict(self.overrides)
-        if layers is not None:
-            overrides[layer_field(self.model_fields())] = layers
-        return hf.resolve_config(self.model, **overrides)
-
-    def model_fields(self) -> dict[str, Any]:
-        fields = hf.config_dict(self.model) if isinstance(self.model, str) else dict(self.model)
-        return {**fields, **self.overrides}
-
-    def depth(self) -> int:
-        return int(self.model_fields()[layer_field(self.model_fields())])
-
-    def with_changes(self, **changes: Any) -> "LmJob":
-        return replace(self, **changes)
-
-
-def layer_field(fields: dict[str, Any]) -> str:
-    """The config field holding the number of blocks (GPT-2 calls it n_layer)."""
-    return "n_layer" if "n_layer" in fields else "num_hidden_layers"
 
 
 def build_lm(job: LmJob, layers: int | None = None, device: str | torch.device | None = None) -> nn.Module:

@@ -13,7 +13,7 @@ layout costs — one number per layout, bounded below by physics:
   micro-batch takes the longer of the two, never less than its share of one card's work;
 - CPU offload: the shards cross PCIe to the card for each gather and the gradients back, and AdamW runs on the
   host's memory bandwidth: added to FSDP's time, never subtracted.
-Pure: the numbers come from the traces (llm_plan.py) and the catalogue.
+Pure: the numbers come from the traces (llm_estimate.py) and the catalogue.
 """
 from __future__ import annotations
 

@@ -1,18 +1,27 @@
-"""`trainwise plan` end to end: recipe -> job -> traced estimates (-> probe) -> advice, as one report.
+"""`trainwise plan` end to end: a RunConfig -> job -> traced estimates (-> probe) -> advice, as one report.
 
-This is the one function the CLI calls; each stage lives in its own module (job, memory, flops, probe,
-catalog, advise), and this file only wires them in order.
+`make_plan` is the one function the CLI calls, for every job: job.job_from_config reads the config (its one
+language-model branch gives an LmJob), and the report follows the job: the card table (advise.py) for a job
+traced whole, layouts and levers (advise_layouts.py, advise_levers.py) for a language model traced at two
+depths. Each stage lives in its own module (job, memory, flops, probe, catalog, advise); this file only wires
+them in order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from trainwise.config import RunConfig
 from trainwise.errors import ConfigError
 from trainwise.plan import advise as advice_rules
-from trainwise.plan.catalog import Gpu, _key, device_card, find_gpus, load_gpus, prices_in
+from trainwise.plan.advise_layouts import LmAdvice, host_ram, layouts, offload_ram
+from trainwise.plan.advise_levers import rank_levers
+from trainwise.plan.catalog import Gpu, PriceList, _key, device_card, find_gpus, load_gpus, prices_in
 from trainwise.plan.job import JobEstimate, advice_inputs, estimate_job, job_from_config
+from trainwise.plan.llm_estimate import LmEstimate, as_dict, estimate_lm, peak_at_micro_one
+from trainwise.plan.llm_job import PLAN_ONLY_OPTIMIZERS, LmJob, method_notes
+from trainwise.plan.llm_time import MFU
 from trainwise.plan.probe import read_machine
 
 
@@ -27,6 +36,11 @@ class PlanRequest:
     rates: dict[str, float] = field(default_factory=dict)
     probe: bool = False
     nproc: int | None = None  # ranks per node: per-rank memory of DDP and FSDP, and the recommendation
+    # language models: the run's length, to price it (steps, or tokens over batch x seq_len), and a plan-only
+    # optimizer (adamw8bit, planned by size) in place of optim.name
+    steps: int | None = None
+    tokens: int | None = None
+    optimizer: str | None = None
 
 
 @dataclass
@@ -78,7 +92,8 @@ class PlanReport:
         }
 
 
-def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
+def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport | LmPlanReport:
+    """The plan of any job `config` describes, for the cards `request` asks about (all when none)."""
     gpus = load_gpus()
     if request.gpu_names:
         gpus = find_gpus(gpus, list(request.gpu_names))
@@ -89,6 +104,8 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
     without_bf16 = tuple(g.name for g in gpus) if request.gpu_names and not any(g.bf16 for g in gpus) else ()
     # micro-batch per rank, as `train --nproc` runs it
     job = job_from_config(config, cards_without_bf16=without_bf16, ranks=request.nproc or 1)
+    if isinstance(job, LmJob):
+        return plan_language_model(job, gpus, request, prices, currency)
     estimate = estimate_job(job)
     machine = read_machine().to_dict()
     notes = list(job.notes) + cpu_workspace_notes(estimate)
@@ -112,6 +129,86 @@ def make_plan(config: RunConfig, request: PlanRequest) -> PlanReport:
         strategies = [plan_strategies(inputs, gpu, request.nproc, options) for gpu in gpus]
     return PlanReport(estimate=estimate, advice=advice, machine=machine, probe=probe_result,
                       prices_as_of=prices.as_of, price_sources=prices.sources, notes=notes, strategies=strategies)
+
+
+@dataclass
+class LmPlanReport:
+    """A language model's plan: its traced estimate, its layouts per card and the levers that make it fit."""
+
+    estimate: LmEstimate
+    advice: LmAdvice
+    gpus: tuple[Gpu, ...]
+    seconds: float  # planning time
+    notes: list[str] = field(default_factory=list)
+    steps: int | None = None  # the run's optimizer steps, when --steps or --tokens gives them
+    currency: str = "USD"
+    prices_as_of: str = ""
+
+    def to_dict(self) -> dict:
+        est, job, facts = self.estimate, self.estimate.job, self.estimate.facts
+        own = est.trace_at(job.micro)
+        return {
+            "job": {**{k: v for k, v in asdict(job).items() if k not in ("overrides", "notes")},
+                    "model": str(job.model)},
+            "parameters": {"total": facts.total_parameters, "trainable": facts.trainable_parameters},
+            "peak": {"bytes": own.peak_bytes, "where": own.peak_where, "breakdown_bytes": own.breakdown,
+                     "micro_batch_size": own.micro_batch_size,
+                     "forward_backward_peak_bytes": own.micro_batch_peak_bytes,
+                     "optimizer_step_peak_bytes": own.optimizer_peak_bytes},
+            "per_extra_token_bytes": est.per_token_bytes, "per_extra_sequence_bytes": est.per_sequence_bytes,
+            "flops_per_step": own.micro_batch_flops * (job.batch_size // job.micro), "mfu_planned": MFU,
+            "steps": self.steps, "currency": self.currency, "prices_as_of": self.prices_as_of,
+            "traced": [as_dict(t) for t in est.traces],
+            "layouts": [asdict(layout) for layout in self.advice.layouts],
+            "host_ram_bytes": self.advice.host_ram, "offload_host_ram_bytes": offload_ram(est),
+            "levers": [asdict(lever) for lever in self.advice.levers],
+            "combined_levers": asdict(self.advice.combined) if self.advice.combined else None,
+            "planning_seconds": self.seconds, "notes": self.notes,
+        }
+
+
+def plan_language_model(job: LmJob, gpus: tuple[Gpu, ...], request: PlanRequest, prices: PriceList | None = None,
+                        currency: str = "USD", advice: bool = True) -> LmPlanReport:
+    """Trace the job, lay it out on each card (with step times in the precision it computes in there, and
+    prices: `request.steps` or `request.tokens` give the whole run's too), and, when it does not fit a card
+    alone, trace the levers that would make it fit."""
+    started = time.perf_counter()
+    if request.optimizer in PLAN_ONLY_OPTIMIZERS:
+        job = job.with_changes(optimizer=request.optimizer)
+    gpus, notes = runnable_cards(job, gpus)
+    notes = list(job.notes) + notes + method_notes(job)
+    steps = request.steps
+    if steps is None and request.tokens is not None:
+        steps = max(-(-request.tokens // (job.batch_size * job.seq_len)), 1)
+    est = estimate_lm(job)
+    rows = layouts(est, gpus, request.max_gpus, prices, currency, steps)
+    result = LmAdvice(layouts=rows, host_ram=host_ram(est))
+    if advice and any(r.cards == 1 and not r.fits for r in rows):
+        result.levers, result.combined = rank_levers(est, gpus, load_gpus(), peak_at_micro_one)
+    return LmPlanReport(est, result, gpus, time.perf_counter() - started, notes, steps, currency,
+                        prices.as_of if prices is not None else "")
+
+
+def runnable_cards(job: LmJob, gpus: tuple[Gpu, ...]) -> tuple[tuple[Gpu, ...], list[str]]:
+    """The cards the run's precision rule lets it run on, and what a reader needs told: which cards compute in
+    fp16 with loss scaling (no bf16; the same memory, timed at their fp16 peak), or which were left out
+    (bf16 asked, and they have none)."""
+    without = [g.name for g in gpus if not g.bf16]
+    if not without or job.precision != "bf16":
+        return gpus, []
+    if job.precision_without_bf16 is None:
+        kept = tuple(g for g in gpus if g.bf16)
+        if not kept:
+            raise ConfigError(f"train.precision=bf16: {', '.join(without)} {'has' if len(without) == 1 else 'have'} "
+                              "no bf16 (compute capability 8.0, Ampere or newer); use train.precision=auto "
+                              "(fp16 there) or fp16, or plan a card with bf16.")
+        return kept, [f"{', '.join(without)}: left out, no bf16 (train.precision=bf16 does not run there; auto "
+                      "would run fp16)."]
+    if job.precision_without_bf16 != "fp16":
+        return gpus, []
+    return gpus, [f"{', '.join(without)}: no bf16, so fp16 autocast with loss scaling there (what the run's "
+                  "precision rule picks for train.precision=auto; the same memory as bf16, timed at the card's fp16 "
+                  "peak)."]
 
 
 def cpu_workspace_notes(estimate: JobEstimate) -> list[str]:

@@ -5,7 +5,7 @@ the micro-batches, four regions of a model built of a stack of blocks (a transfo
 backward of the head (the loss and output layer, every block's activations still held); backward of the
 blocks; backward below them (every block's gradient held, the embedding's being made). Within each region
 the live memory at its highest point grows linearly with the number of blocks (blocks are alike), while
-the highest of the four need not: llm_plan.py extends each region's peak from two traced depths to the real
+the highest of the four need not: llm_estimate.py extends each region's peak from two traced depths to the real
 depth and only then takes the largest (the peak of a shallow trace can fall in another region than the
 deep model's: a checkpointed GPT-2 peaks in backward at 1-2 blocks, at the end of forward at 4).
 """
@@ -36,7 +36,8 @@ def run_labelled(tracker: "AllocationTracker", train_step: "TrainStep", computed
     once it has made them. `device_batches`: batches that are device memory for the whole step (on a CPU)."""
     for batch in device_batches:
         for tensor in (batch.values() if isinstance(batch, dict) else batch):
-            tracker.track(tensor, "activations")
+            if isinstance(tensor, torch.Tensor):  # not the host's document lengths (a list)
+                tracker.track(tensor, "activations")
     model = train_step.model
 
     def forward_phase(_module, _args):

@@ -15,6 +15,7 @@ from trainwise.plan import advise as advice_rules
 from trainwise.plan.catalog import Gpu, device_card, load_gpus
 from trainwise.plan.estimates import Estimates
 from trainwise.plan.job import advice_inputs, estimate_job, job_from_config
+from trainwise.plan.llm_job import LmJob
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -56,8 +57,7 @@ def strategy_for(config: RunConfig, device_name: str, memory_bytes: int, ranks: 
     if ranks <= 1:
         return "single", "one process"
     gpu = local_card(device_name, memory_bytes)
-    estimates = advice_inputs(estimate_job(job_from_config(config), ("cuda",)))
-    plan = plan_strategies(estimates, gpu, ranks)
+    plan = plan_strategies(job_estimates(config), gpu, ranks)
     return plan.recommended or "fsdp", plan.reason
 
 
@@ -67,3 +67,14 @@ def local_card(device_name: str, memory_bytes: int) -> Gpu:
     known = device_card(device_name, gpus)
     base = known or max(gpus, key=lambda g: g.memory_gib)
     return base.model_copy(update={"name": device_name, "memory_gib": memory_bytes / 2**30})
+
+
+def job_estimates(config: RunConfig) -> Estimates:
+    """The numbers advise.py works on for `config`'s job on a CUDA card: a language model's from its two-depth
+    traces, any other's from tracing its step."""
+    job = job_from_config(config)
+    if isinstance(job, LmJob):
+        from trainwise.plan.llm_estimate import advice_estimates, estimate_lm
+
+        return advice_estimates(estimate_lm(job))
+    return advice_inputs(estimate_job(job, ("cuda",)))

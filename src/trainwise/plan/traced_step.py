@@ -1,5 +1,5 @@
 """The step the planner traces, described by what decides its memory (TrainingStep, independent of where it
-runs), and what one trace of it yields (StepTrace): plain data that memory.py fills and job/llm_plan read."""
+runs), and what one trace of it yields (StepTrace): plain data that memory.py fills and job/llm_estimate read."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -38,6 +38,9 @@ class TrainingStep:
     # the model built on the meta device outside the fake mode (casts, peft wrappers and tied weights then
     # work; the trace converts its tensors), and the step's chunked loss (StepSettings.loss_chunk_size).
     token_batches: bool = False
+    # The built-in gpt attends per document from lengths the loader reads on the host (data/batch.py); a traced
+    # batch carries them (one document a row, as a full pack), since fake position ids cannot be read.
+    host_document_lengths: bool = False
     build_on_meta: bool = False
     loss_chunk_size: int | None = None
     count_flops: bool = True  # False: skip the FLOP-counting pass (a trace read for its memory only)

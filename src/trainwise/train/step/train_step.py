@@ -238,7 +238,7 @@ class TrainStep:
         for index, batch in enumerate(micro_batches):
             if self.varlen:  # documents laid end to end, their boundaries read on the host
                 batch = flattened_for_varlen(batch)
-            elif self.host_documents and "position_ids" in batch:
+            elif self.host_documents and "position_ids" in batch and "document_lengths" not in batch:
                 batch = {**batch, "document_lengths": document_lengths(batch["position_ids"])}
             batch = {key: self.to_device(value) if isinstance(value, torch.Tensor) else value
                      for key, value in batch.items()}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.plan.test_advise import SMALL, card, estimates
-from trainwise.plan import llm_advice, llm_levers
+from trainwise.plan import advise_layouts, advise_levers
 from trainwise.plan.advise import plan_card, Options
 from trainwise.plan.catalog import load_gpus, load_prices
 from trainwise.plan.llm_time import StepWork, floor_seconds, layout_price, step_seconds
@@ -50,9 +50,9 @@ def test_fsdp_over_pcie_pays_more_for_its_gathers_than_over_nvlink():
 
 def test_a_card_without_bf16_is_timed_at_its_fp16_peak_and_named_so():
     t4 = next(g for g in CATALOGUE if g.name == "T4")
-    job = SimpleNamespace(precision="bf16", dtype="bf16")
-    assert llm_advice.card_precision(job, t4) == "fp16"
-    assert llm_advice.card_precision(job, next(g for g in CATALOGUE if g.name == "RTX 4090")) == "bf16"
+    job = SimpleNamespace(precision="bf16", precision_without_bf16="fp16", dtype="bf16")  # auto asked
+    assert advise_layouts.card_precision(job, t4) == "fp16"
+    assert advise_layouts.card_precision(job, next(g for g in CATALOGUE if g.name == "RTX 4090")) == "bf16"
     # the T4 QLoRA case: ~9.3e14 FLOPs a step can never take less than ~14 s at 65 TFLOP/s
     seconds = step_seconds(EIGHT_B, t4, "fp16", 9, 1).seconds
     assert seconds >= 9 * EIGHT_B.flops / 65e12
@@ -72,27 +72,27 @@ def test_a_layout_is_priced_per_hour_per_card_and_for_the_run():
 
 def test_more_cards_and_a_bigger_card_are_levers_when_the_job_fits_no_card_asked_about(monkeypatch):
     job = estimates(fixed=30 * GiB, optimizer_peak=30 * GiB, sharded_state_bytes=28 * GiB, per_sample=0.01 * GiB)
-    for module in (llm_advice, llm_levers):
+    for module in (advise_layouts, advise_levers):
         monkeypatch.setattr(module, "advice_estimates", lambda est: job)
-    monkeypatch.setattr(llm_advice, "work_at", lambda est, micro: EIGHT_B)
+    monkeypatch.setattr(advise_layouts, "work_at", lambda est, micro: EIGHT_B)
     mid, v100 = card("Mid", 40, 300), card("Old", 32, 125).model_copy(update={"bf16": False})
     est = SimpleNamespace(job=SimpleNamespace(batch_size=64, seq_len=2048, precision="bf16", dtype="bf16",
                                               method="lora"), curve=job.cuda_memory)
-    fsdp, bigger = llm_levers.hardware_levers(est, SMALL, (card("Big", 80, 1000), SMALL, mid, v100))
+    fsdp, bigger = advise_levers.hardware_levers(est, SMALL, (card("Big", 80, 1000), SMALL, mid, v100))
     cards = int(fsdp.name.split()[2])  # "FSDP over N x Small"
     assert plan_card(job, SMALL, Options(), cards, "fsdp").fits
     assert not plan_card(job, SMALL, Options(), cards // 2, "fsdp" if cards > 2 else "single").fits
     assert fsdp.fits == ("Small",) and fsdp.peak_bytes < SMALL.memory_bytes  # per rank
     # the slowdown is the ratio of the step times the layouts print: FSDP's over one card's (as if it fitted)
-    rows = {row.cards: row for row in llm_advice.layouts(est, (SMALL,), 64)}
+    rows = {row.cards: row for row in advise_layouts.layouts(est, (SMALL,), 64)}
     assert fsdp.slowdown == pytest.approx(rows[cards].step_time_s / rows[1].step_time_s, abs=1e-3)
     # the smallest bigger card that holds it and has bf16 (a 32 GiB card without it is no home for bf16 weights)
     assert bigger.name.startswith("a bigger card (Mid") and bigger.how == "--gpu Mid"
-    assert llm_levers.hardware_levers(est, card("Big", 80, 1000), (SMALL, mid)) == []  # it fits: none
+    assert advise_levers.hardware_levers(est, card("Big", 80, 1000), (SMALL, mid)) == []  # it fits: none
 
 
 def test_pasted_card_names_stay_one_argument():
-    assert llm_levers.gpu_flag("H100 PCIe") == '--gpu "H100 PCIe"' and llm_levers.gpu_flag("T4") == "--gpu T4"
+    assert advise_levers.gpu_flag("H100 PCIe") == '--gpu "H100 PCIe"' and advise_levers.gpu_flag("T4") == "--gpu T4"
 
 
 def test_fewer_cards_than_an_instance_holds_pay_for_the_instance():

@@ -1,25 +1,32 @@
-"""The levers that make a language-model job fit a card, ranked: every lever not in use, for every method
-(a bf16 base for LoRA included), each re-planned — the changed job traced again at one sequence per
-micro-batch, the least any job runs with — so "LoRA + checkpointing fits a 24 GB card" is a traced statement.
+"""Advice for a language-model job that does not fit: the levers that make it fit a card, ranked. Every lever
+not in use, for every method (a bf16 base for LoRA included), is re-planned — the changed job traced again at
+one sequence per micro-batch, the least any job runs with — so "LoRA + checkpointing fits a 24 GB card" is a
+traced statement.
 
 Order: single levers that fit a card asked about (least slowdown first); then two levers together that fit
 one (so "one card holds it with two levers" comes before renting more); then more cards (FSDP) or a bigger
 card; then the rest by peak, and a shorter context (a different job) last. A lever's slowdown is the ratio
-of step times as llm_time.py computes them for the layouts (the smallest card asked about, micro-batch 1):
-the same numbers the plan prints per layout.
+of step times as llm_time.py computes them for the layouts (advise_layouts.py; the smallest card asked about,
+micro-batch 1): the same numbers the plan prints per layout.
+
+Pure: the estimate, the catalogue, and `replan` (the planner's llm_estimate.peak_at_micro_one: a changed job's
+trace at one sequence per micro-batch) in, ranked levers out; tests hand it made-up traces.
 """
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainwise.plan import advise as rules
 from trainwise.plan.catalog import Gpu
-from trainwise.plan.llm_job import base_dtype
-from trainwise.plan.llm_advice import card_budget, card_precision, layouts, work_at, work_of
-from trainwise.plan.llm_plan import LmEstimate, advice_estimates, peak_at_micro_one
-from trainwise.plan.llm_step import LmJob
+from trainwise.plan.advise_layouts import card_budget, card_precision, layouts, work_at, work_of
+from trainwise.plan.llm_estimate import LmEstimate, advice_estimates
+from trainwise.plan.llm_job import LmJob, base_dtype
 from trainwise.plan.llm_time import step_seconds
+from trainwise.plan.traced_step import StepTrace
+
+Replan = Callable[..., StepTrace]  # (job, count_flops=...) -> its trace at one sequence per micro-batch
 
 LOSS_CHUNK = 1024
 FSDP_CARDS = (2, 4, 8, 16, 32, 64)  # FSDP layouts offered as a lever: the fewest that fit
@@ -77,14 +84,14 @@ def candidate_levers(job: LmJob) -> list[tuple[str, str, LmJob, bool]]:
     return out
 
 
-def lever_seconds(est: LmEstimate, job: LmJob, gpu: Gpu) -> float:
+def lever_seconds(est: LmEstimate, job: LmJob, gpu: Gpu, replan: Replan) -> float:
     """One step of `job` on one `gpu` at micro-batch 1 (memory aside): what lever slowdowns divide."""
     base = est.traces[0]
     if job == est.job:
         work = work_at(est, 1)
     else:
         same_work = job.with_changes(optimizer=est.job.optimizer, dtype=est.job.dtype) == est.job
-        trace = peak_at_micro_one(job, count_flops=not same_work)
+        trace = replan(job, count_flops=not same_work)
         # the trace's parameter_bytes is every weight as stored; the optimizer's share: the trainable elements in
         # their dtype (bf16 weights train in bf16; adapters and fp32 master weights in fp32)
         element = 2 if job.dtype == "bf16" and job.method in ("full", "freeze") else 4
@@ -93,18 +100,18 @@ def lever_seconds(est: LmEstimate, job: LmJob, gpu: Gpu) -> float:
     return step_seconds(work, gpu, card_precision(job, gpu), job.batch_size, 1).seconds
 
 
-def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...],
-                catalogue: tuple[Gpu, ...] = ()) -> tuple[list[Lever], Lever | None]:
-    """Every lever not in use, traced and ranked (see the module doc). When neither one lever nor two fit the
-    smallest card asked about, levers are added, least slowdown first, until the job fits it."""
+def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...], catalogue: tuple[Gpu, ...],
+                replan: Replan) -> tuple[list[Lever], Lever | None]:
+    """Every lever not in use, re-planned (`replan`) and ranked (see the module doc). When neither one lever nor
+    two fit the smallest card asked about, levers are added, least slowdown first, until the job fits it."""
     smallest = min(gpus, key=lambda g: g.memory_bytes)
-    base_s = lever_seconds(est, est.job, smallest)
+    base_s = lever_seconds(est, est.job, smallest, replan)
     candidates = candidate_levers(est.job)
-    singles = [_traced(est, [c], gpus, smallest, base_s) for c in candidates]
+    singles = [_traced(est, [c], gpus, smallest, base_s, replan) for c in candidates]
     asked = {g.name for g in gpus}
     pairs: list[Lever] = []
     if not any(smallest.name in l.fits for l in singles if not l.changes_job):
-        pairs = _pairs(est, candidates, singles, gpus, smallest, base_s)
+        pairs = _pairs(est, candidates, singles, gpus, smallest, base_s, replan)
     hardware = hardware_levers(est, smallest, catalogue)
     fitting = sorted((l for l in singles if asked & set(l.fits) and not l.changes_job), key=lambda l: l.slowdown)
     fitting_pairs = sorted((l for l in pairs if asked & set(l.fits)), key=lambda l: l.slowdown)[:2]
@@ -112,30 +119,31 @@ def rank_levers(est: LmEstimate, gpus: tuple[Gpu, ...],
     levers = fitting + fitting_pairs + hardware + rest + [l for l in singles if l.changes_job]
     combined = None
     if not fitting and not fitting_pairs:
-        combined = combine(est, candidates, singles, smallest, base_s)
+        combined = combine(est, candidates, singles, smallest, base_s, replan)
     return levers, combined
 
 
-def _traced(est: LmEstimate, chosen: list, gpus: tuple[Gpu, ...], gpu: Gpu, base_s: float) -> Lever:
-    """The job with the `chosen` candidate levers applied, traced, as one Lever."""
+def _traced(est: LmEstimate, chosen: list, gpus: tuple[Gpu, ...], gpu: Gpu, base_s: float,
+            replan: Replan) -> Lever:
+    """The job with the `chosen` candidate levers applied, re-planned, as one Lever."""
     job = est.job
     for _name, _how, changed, _ in chosen:
         job = _apply(job, changed, est.job)
-    slowdown = lever_seconds(est, job, gpu) / max(base_s, 1e-12)  # traces it (with FLOPs where they change)
-    trace = peak_at_micro_one(job, count_flops=False)
+    slowdown = lever_seconds(est, job, gpu, replan) / max(base_s, 1e-12)  # with FLOPs where they change
+    trace = replan(job, count_flops=False)
     fits = tuple(g.name for g in gpus if trace.peak_bytes <= card_budget(g))
     return Lever(" + ".join(c[0] for c in chosen), " ".join(c[1].split(" / ")[0] for c in chosen),
                  trace.peak_bytes, round(slowdown, 3), fits, any(c[3] for c in chosen), levers=len(chosen))
 
 
-def _pairs(est, candidates, singles, gpus, gpu, base_s) -> list[Lever]:
+def _pairs(est, candidates, singles, gpus, gpu, base_s, replan: Replan) -> list[Lever]:
     """Two levers together (not two methods), of the PAIRED single levers with the smallest peaks."""
     usable = [c for c, l in sorted(zip(candidates, singles), key=lambda cl: cl[1].peak_bytes) if not c[3]][:PAIRED]
-    return [_traced(est, [a, b], gpus, gpu, base_s) for a, b in itertools.combinations(usable, 2)
+    return [_traced(est, [a, b], gpus, gpu, base_s, replan) for a, b in itertools.combinations(usable, 2)
             if not (a[1].startswith("--method") and b[1].startswith("--method"))]
 
 
-def combine(est: LmEstimate, candidates, singles, gpu: Gpu, base_s: float) -> Lever | None:
+def combine(est: LmEstimate, candidates, singles, gpu: Gpu, base_s: float, replan: Replan) -> Lever | None:
     """Add levers, least slowdown first (one method), until the job fits `gpu`."""
     chosen = []
     for candidate, single in sorted(zip(candidates, singles), key=lambda cl: (cl[1].slowdown, cl[1].peak_bytes)):
@@ -143,7 +151,7 @@ def combine(est: LmEstimate, candidates, singles, gpu: Gpu, base_s: float) -> Le
                                                                           for c in chosen)):
             continue
         chosen.append(candidate)
-        lever = _traced(est, chosen, (gpu,), gpu, base_s)
+        lever = _traced(est, chosen, (gpu,), gpu, base_s, replan)
         if lever.fits:
             return lever
     return None
@@ -163,7 +171,8 @@ def hardware_levers(est: LmEstimate, gpu: Gpu, catalogue: tuple[Gpu, ...]) -> li
         if row.fits and row.strategy == "fsdp":
             out.append(Lever(f"FSDP over {row.cards} x {gpu.name}", fsdp_command(row.cards), row.needed_bytes,
                              round(row.step_time_s / alone, 3), (gpu.name,), hardware=True))
-    needs_bf16 = est.job.dtype == "bf16" or est.job.method == "qlora"  # bf16 weights: never a V100 or a T4
+    job = est.job  # bf16 weights, or bf16 asked: never a V100 or a T4
+    needs_bf16 = job.dtype == "bf16" or job.method == "qlora" or job.precision_without_bf16 is None
     for card in sorted(catalogue, key=lambda g: (g.memory_bytes, g.name)):
         if card.memory_bytes <= gpu.memory_bytes or (needs_bf16 and not card.bf16):
             continue

@@ -19,7 +19,8 @@ from trainwise.llm import hf, methods
 from trainwise.plan.allocation_tracker import REGIONS
 from trainwise.plan.estimates import Estimates, PeakCurve
 from trainwise.plan.job import traced_sizes
-from trainwise.plan.llm_step import LmJob, build_lm, lm_step
+from trainwise.plan.llm_job import LmJob
+from trainwise.plan.llm_step import build_lm, lm_step
 from trainwise.plan.memory import trace_step
 from trainwise.plan.traced_step import DeviceKind, StepTrace
 

@@ -1,16 +1,18 @@
-"""What a language-model plan tells the user beyond the peak: where the job fits (1..N cards, FSDP, CPU
-offload), how long a step takes there and what it costs (llm_time.py: one number per layout, bounded by
-physics), and host RAM including the final save. The levers that make a job fit are in llm_levers.py.
+"""Advice for a language-model job (pure: its traced estimate + the catalogue -> options): where it fits
+(1..N cards, FSDP, CPU offload), how long a step takes there in the precision the run computes in on that card,
+and what it costs (llm_time.py: one number per layout, bounded by physics), and host RAM including the final
+save. The levers that make a job fit are in advise_levers.py; the card table of any job in advise.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainwise.errors import ConfigError
 from trainwise.plan import advise as rules
 from trainwise.plan.catalog import Gpu, PriceList
 from trainwise.plan.estimates import Estimates
-from trainwise.plan.llm_plan import LmEstimate, advice_estimates
-from trainwise.plan.llm_step import LmJob
+from trainwise.plan.llm_estimate import LmEstimate, advice_estimates
+from trainwise.plan.llm_job import LmJob
 from trainwise.plan.llm_time import StepWork, layout_price, step_seconds
 from trainwise.plan.timing import TRAFFIC_PER_BYTE_WRITTEN
 from trainwise.plan.traced_step import StepTrace
@@ -46,8 +48,8 @@ class Layout:
 class LmAdvice:
     layouts: list[Layout]
     host_ram: dict[str, int]
-    levers: list = field(default_factory=list)  # llm_levers.Lever, ranked
-    combined: object | None = None  # llm_levers.Lever: several together, when no single one fits
+    levers: list = field(default_factory=list)  # advise_levers.Lever, ranked
+    combined: object | None = None  # advise_levers.Lever: several together, when no single one fits
 
 
 def card_budget(gpu: Gpu) -> float:
@@ -56,12 +58,16 @@ def card_budget(gpu: Gpu) -> float:
 
 
 def card_precision(job: LmJob, gpu: Gpu) -> str:
-    """The autocast `job` computes in on `gpu`: bf16 where the card has it, else fp16 with loss scaling (what
-    train.precision=auto picks); fp32 autocast over bf16 weights still multiplies in bf16."""
-    wanted = job.precision if job.precision != "fp32" or job.dtype == "fp32" else "bf16"
-    if wanted in ("auto", "bf16", "fp16"):
+    """The precision `job` computes in on `gpu`: what the run's rule gave for a card with bf16 or without
+    (llm_job.language_model_job asks runtime.precision); fp32 autocast over bf16 weights still multiplies in
+    bf16."""
+    computed = job.precision if gpu.bf16 else job.precision_without_bf16
+    if computed is None:
+        raise ConfigError(f"train.precision={job.precision}: {gpu.name} has no bf16; plan other cards, or use "
+                          "train.precision=auto (fp16 there) or fp16.")
+    if computed == "fp32" and job.dtype == "bf16":  # bf16 weights: the matmuls run at the card's 16-bit rate
         return "bf16" if gpu.bf16 else "fp16"
-    return wanted
+    return computed
 
 
 def work_of(trace: StepTrace, job: LmJob, weight_bytes: float, trainable_bytes: float, trainable: float,

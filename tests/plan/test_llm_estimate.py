@@ -12,9 +12,10 @@ pytest.importorskip("peft")
 
 from tests.conftest import assert_refused, invoke  # noqa: E402
 from trainwise.llm import methods  # noqa: E402
-from trainwise.plan.llm_levers import candidate_levers  # noqa: E402
-from trainwise.plan.llm_plan import estimate_lm, trace_lm, traced_depths  # noqa: E402
-from trainwise.plan.llm_step import LmJob, lm_step  # noqa: E402
+from trainwise.plan.advise_levers import candidate_levers  # noqa: E402
+from trainwise.plan.llm_estimate import estimate_lm, trace_lm, traced_depths  # noqa: E402
+from trainwise.plan.llm_job import LmJob  # noqa: E402
+from trainwise.plan.llm_step import lm_step  # noqa: E402
 from trainwise.plan.memory import trace_step  # noqa: E402
 from trainwise.plan.traced_step import TrainingStep  # noqa: E402
 from trainwise.plan.kernel_bounds import threads  # noqa: E402
@@ -154,9 +155,10 @@ def test_overrides_on_a_model_are_applied_not_ignored(tmp_path, capsys):
     assert_refused(invoke(capsys, "plan", str(config), "model.nonsense=1"), "nonsense")
 
 
-def _tiny_config_dir(tmp_path):
+def _tiny_config_dir(tmp_path, layers: int = TINY["num_hidden_layers"]):
     from trainwise.llm import hf
-    config = hf.resolve_config("qwen2.5-0.5b", **{k: v for k, v in TINY.items() if k != "head_dim"})
+    fields = {**{k: v for k, v in TINY.items() if k != "head_dim"}, "num_hidden_layers": layers}
+    config = hf.resolve_config("qwen2.5-0.5b", **fields)
     (tmp_path / "model").mkdir(exist_ok=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(config.to_dict()))
     return tmp_path / "model"
@@ -165,7 +167,7 @@ def _tiny_config_dir(tmp_path):
 def test_each_region_of_the_step_is_extended_on_its_own_line():
     # at 1-2 blocks the peak is in backward of the head, at 4 at the end of forward: extending the highest point
     # of the shallow traces misses it; the highest of the regions' extended lines does not
-    from trainwise.plan.llm_plan import extend
+    from trainwise.plan.llm_estimate import extend
     from trainwise.plan.traced_step import StepTrace
 
     def trace(forward, head):
@@ -181,7 +183,7 @@ def test_each_region_of_the_step_is_extended_on_its_own_line():
 
 @pytest.mark.parametrize("method", ["lora", "freeze"])
 def test_model_facts_extended_from_two_depths_equal_the_whole_models(method):
-    from trainwise.plan.llm_plan import _facts, model_facts
+    from trainwise.plan.llm_estimate import _facts, model_facts
     from trainwise.plan.llm_step import build_lm
 
     planned = job(method=method)
@@ -204,18 +206,59 @@ def test_a_mixture_of_experts_model_plans_to_the_cpu_allocators_peak(method):
 
 def test_the_sft_lora_recipe_and_plan_model_method_lora_are_the_same_job():
     """`plan sft-lora model.hf_config=M` and `plan M --method lora` (no --dtype, no --checkpointing) describe one
-    job: the recipe's bf16 base, checkpointing and batch are the flags' defaults (issue 34 / 36)."""
-    from trainwise.plan.llm_job import lm_config, lm_job_from_config
-    from trainwise.recipes import load_recipe
+    job: the recipe's bf16 base, checkpointing and batch are the flags' defaults (issue 34 / 36). Both read
+    through the CLI's one reading (cli/plan.plan_config) and job_from_config's one language-model branch."""
+    from trainwise.cli.plan import plan_config
+    from trainwise.plan.job import job_from_config
 
-    recipe, _ = lm_job_from_config(load_recipe("sft-lora", ["model.hf_config=llama-3.1-8b", "data.seq_len=2048"]))
-    flags, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora"}))
+    recipe = job_from_config(plan_config("sft-lora", ["model.hf_config=llama-3.1-8b", "data.seq_len=2048"], {}))
+    flags = job_from_config(plan_config("llama-3.1-8b", [], {"method": "lora"}))
     assert recipe == flags and flags.dtype == "bf16" and flags.gradient_checkpointing
-    full, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "full"}))
+    # the whole job, field by field: the base's dtype, the context, the batch and micro-batch, the method, the
+    # precision (the runtime's rule for `auto`: bf16 on bf16 cards, fp16 on a T4)
+    assert (flags.model, flags.seq_len, flags.batch_size, flags.micro_batch_size, flags.method, flags.lora.rank) \
+        == ("llama-3.1-8b", 2048, 16, None, "lora", 16)
+    assert (flags.precision, flags.precision_without_bf16, flags.optimizer) == ("bf16", "fp16", "adamw")
+    full = job_from_config(plan_config("llama-3.1-8b", [], {"method": "full"}))
     assert full.dtype == "fp32" and not full.gradient_checkpointing  # fp32 master weights, bf16 autocast
-    given, _ = lm_job_from_config(lm_config("llama-3.1-8b", {"method": "lora", "dtype": "fp32"},
-                                            ["model.gradient_checkpointing=false"]))
+    given = job_from_config(plan_config("llama-3.1-8b", ["model.gradient_checkpointing=false"],
+                                        {"method": "lora", "dtype": "fp32"}))
     assert given.dtype == "fp32" and not given.gradient_checkpointing  # flags and overrides win
+
+
+@pytest.mark.slow
+def test_the_recipe_and_the_model_plan_the_same_job_end_to_end(tmp_path, capsys):
+    """The same, as the user runs it: the two commands' JSON reports name one job, and its layouts compute in
+    what runtime.precision gives each card for `auto` (bf16 where the card has it, fp16 on a T4)."""
+    model = _tiny_config_dir(tmp_path, layers=2)  # traced whole: two plans stay quick
+    common = ["--gpu", "T4", "--gpu", "L4", "--json"]
+    by_recipe = invoke(capsys, "plan", "sft-lora", f"model.hf_config={model}", "data.seq_len=32",
+                       "train.batch_size=2", *common)
+    by_model = invoke(capsys, "plan", str(model), "--method", "lora", "--seq-len", "32", "--batch", "2", *common)
+    assert by_recipe.returncode == 0 and by_model.returncode == 0, by_recipe.stderr + by_model.stderr
+    report = json.loads(by_model.stdout)
+    job = json.loads(by_recipe.stdout)["job"]
+    assert job == report["job"]
+    assert (job["dtype"], job["seq_len"], job["micro_batch_size"], job["method"], job["precision"]) == \
+        ("bf16", 32, None, "lora", "bf16")
+    assert {row["card"]: row["precision"] for row in report["layouts"]} == {"T4": "fp16", "L4": "bf16"}
+
+
+@pytest.mark.slow
+def test_precision_is_the_runtimes_rule_and_bf16_asked_leaves_a_t4_out(tmp_path, capsys):
+    """No hand-coded `auto`: fp32 master weights compute in bf16 (train.master_weights, as launch/resolve.py
+    resolves it), and bf16 asked leaves out the cards without it, or is refused when none has it."""
+    from trainwise.cli.plan import plan_config
+    from trainwise.plan.job import job_from_config
+
+    model = _tiny_config_dir(tmp_path, layers=2)
+    master = job_from_config(plan_config(str(model), ["model.dtype=bf16", "train.precision=fp32"], {}))
+    assert master.dtype == "fp32" and master.precision == "bf16"
+    asked = invoke(capsys, "plan", str(model), "--method", "lora", "--seq-len", "16", "--batch", "2", "--gpu", "T4",
+                   "--gpu", "L4", "--precision", "bf16", "--json")
+    assert [row["card"] for row in json.loads(asked.stdout)["layouts"]] == ["L4"]
+    assert_refused(invoke(capsys, "plan", str(model), "--method", "lora", "--gpu", "T4", "--precision", "bf16"),
+                   "no bf16")
 
 
 def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
@@ -223,23 +266,23 @@ def test_two_levers_that_fit_one_card_come_before_renting_more(monkeypatch):
     bigger card."""
     from types import SimpleNamespace
 
-    from trainwise.plan import llm_levers
-    from trainwise.plan.llm_levers import Lever
+    from trainwise.plan import advise_levers
+    from trainwise.plan.advise_levers import Lever
 
-    def traced(est, chosen, gpus, gpu, base_s):
+    def traced(est, chosen, gpus, gpu, base_s, replan):
         names = {c[0] for c in chosen}
         fits = ("Small",) if names == {"gradient checkpointing", "QLoRA (4-bit base, CUDA + bitsandbytes)"} else ()
         return Lever(" + ".join(sorted(names)), "", 10, 1.0 + len(names), fits, any(c[3] for c in chosen),
                      levers=len(chosen))
 
     small = SimpleNamespace(name="Small", memory_bytes=8 * 2**30)
-    monkeypatch.setattr(llm_levers, "_traced", traced)
-    monkeypatch.setattr(llm_levers, "lever_seconds", lambda est, job, gpu: 1.0)
-    monkeypatch.setattr(llm_levers, "hardware_levers", lambda est, gpu, catalogue: [Lever("FSDP", "", 1, 0.5,
+    monkeypatch.setattr(advise_levers, "_traced", traced)
+    monkeypatch.setattr(advise_levers, "lever_seconds", lambda est, job, gpu, replan: 1.0)
+    monkeypatch.setattr(advise_levers, "hardware_levers", lambda est, gpu, catalogue: [Lever("FSDP", "", 1, 0.5,
                                                                                            ("Small",), hardware=True)])
-    monkeypatch.setattr(llm_levers, "combine", lambda *args: None)
+    monkeypatch.setattr(advise_levers, "combine", lambda *args: None)
     est = SimpleNamespace(job=job(method="lora", dtype="bf16", seq_len=1024))
-    levers, _ = llm_levers.rank_levers(est, (small,))
+    levers, _ = advise_levers.rank_levers(est, (small,), (), replan=None)  # every trace is made up above
     assert levers[0].levers == 2 and "gradient checkpointing" in levers[0].name and levers[1].name == "FSDP"
 
 
@@ -248,14 +291,15 @@ def test_a_lora_step_is_planned_no_slower_than_full_fine_tuning():
     """LoRA's extra matmuls are priced as what they are: small next to the weight gradients it skips (issue 34:
     LoRA was planned ~2x slower than full). Llama-3.2-1B at 512 tokens, both at their usual dtypes."""
     from trainwise.plan.catalog import find_gpus, load_gpus
-    from trainwise.plan.llm_advice import layouts
-    from trainwise.plan.llm_job import lm_config, lm_job_from_config
+    from trainwise.cli.plan import plan_config
+    from trainwise.plan.advise_layouts import layouts
+    from trainwise.plan.job import job_from_config
 
     cards = find_gpus(load_gpus(), ["RTX4090", "H100-SXM", "T4"])
     times = {}
     for method in ("full", "lora"):
-        planned, _ = lm_job_from_config(lm_config("llama-3.2-1b", {"method": method, "seq_len": 512, "batch_size": 2,
-                                                                 "gradient_checkpointing": False}))
+        planned = job_from_config(plan_config("llama-3.2-1b", [], {"method": method, "seq_len": 512, "batch_size": 2,
+                                                                  "gradient_checkpointing": False}))
         rows = [row for row in layouts(estimate_lm(planned), cards, 1) if row.strategy == "single"]
         times[method] = {row.card: row.step_time_s for row in rows}
     for card in times["full"]:
