@@ -78,6 +78,59 @@ def test_the_length_rule_is_one_function():
     assert text_sequence_length(None, {}) == DEFAULT_TEXT_SEQ_LEN
 
 
+def test_chat_data_trains_at_its_longest_sample_not_at_prepares_cut(tmp_path):
+    """Issue 35 item 1: prepare's default cut (2,048) was train's length, so 200 short conversations packed
+    into a handful of rows: a few optimizer steps, and a model with a shorter context refused."""
+    import json
+
+    from tests.text.sft_data import reverse_chats
+
+    from trainwise.data.text.prepare import summary_lines
+
+    rows = reverse_chats(60)
+    rows[0]["messages"][0]["content"] += " please" * 60  # one long sample: longer than prepare's suggestion
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = prepare_corpus(source, tmp_path / "ds", PrepareOptions(template="chatml", train_tokenizer=300,
+                                                                        val_fraction=0.0, test_fraction=0.0)).manifest
+    lengths = manifest["lengths"]
+    assert manifest["instruct"]["seq_len"] == 2048 and lengths["suggested_seq_len"] == 64 < lengths["max"] <= 192
+    config = load_recipe("sft-lora", [f"model.hf_config={tmp_path}", f"data.path={tmp_path / 'ds'}",
+                                      "train.device=cpu", "train.micro_batch_size=1"])
+    resolved = resolve_run(config)
+    assert resolved.config.data.seq_len == -(-lengths["max"] // 64) * 64  # the long sample stays whole
+    assert "longest sample" in resolved.event()["message"]
+    said = f"(suggested {resolved.config.data.seq_len}, what train uses"  # prepare says the length train takes
+    assert any(said in line for line in summary_lines(manifest))
+    assert resolved.config.model.dtype == "fp32"  # the recipe's `auto` base dtype, on the CPU
+    assert text_sequence_length(None, {"instruct": {"seq_len": 2048},
+                                       "lengths": {"suggested_seq_len": 512, "max": 700}}) == 704
+    assert text_sequence_length(None, {"instruct": {"seq_len": 48},  # prepare's --seq-len stays the ceiling
+                                       "lengths": {"suggested_seq_len": 64, "max": 48}}) == 48
+
+
+def test_a_frozen_base_is_fp32_on_the_cpu_and_bf16_on_a_bf16_card_unless_the_user_says(monkeypatch):
+    """Issue 35 item 6: the sft-lora recipe's bf16 base trained on the CPU in bf16 weights, which is slow there;
+    `auto` is decided by the device, recorded, and an explicit model.dtype is kept."""
+    from trainwise.runtime import precision
+    from trainwise.text.lm_builder import _dtype
+
+    recipe = load_recipe("sft-lora", ["model.hf_config=llama-3.2-1b", "data.seq_len=64", "train.device=cpu",
+                                      "train.micro_batch_size=1"])
+    assert recipe.model.dtype == "auto"
+    resolved = resolve_run(recipe)
+    assert (resolved.config.model.dtype, resolved.config.train.precision) == ("fp32", "fp32")
+    assert "model.dtype=fp32 (auto on cpu" in resolved.event()["message"]
+    assert _dtype(recipe.model) == "float32" or torch.cuda.is_available()  # lr-find and check: the same rule
+    explicit = resolve_run(load_recipe("sft-lora", ["model.hf_config=llama-3.2-1b", "data.seq_len=64",
+                                                    "train.device=cpu", "train.micro_batch_size=1",
+                                                    "model.dtype=bf16"]))
+    assert explicit.config.model.dtype == "bf16" and "model.dtype" not in explicit.event()["evidence"]
+    monkeypatch.setattr(precision, "resolve_precision", lambda name, device: "bf16")  # a bf16 card
+    assert precision.resolve_weight_dtype("auto", torch.device("cpu")) == "bf16"
+    assert precision.resolve_weight_dtype("fp32", torch.device("cpu")) == "fp32"
+
+
 def test_the_legal_micro_batches_are_one_rule():
     from trainwise.plan.advise import micro_batch_for
     from trainwise.train.recovery.oom import smaller_micro_batch
@@ -162,7 +215,7 @@ def test_what_ablate_treats_as_resolved_is_what_the_resolve_step_decides(prepare
     config = load_recipe("lm-gpt", ["model.args.layers=1", "model.args.width=16", "model.args.heads=2",
                                     "train.device=cpu", f"data.path={data}", "data.seq_len=null",
                                     "train.precision=auto", "train.strategy=auto", "train.micro_batch_size=auto",
-                                    "model.attention=auto", "train.batch_size=4"])
+                                    "model.attention=auto", "model.dtype=auto", "train.batch_size=4"])
     decided = {choice.key for choice in resolve_run(config).choices}
     assert decided | {"model.attention"} == {f"{section}.{key}" for section, key in RESOLVED_SETTINGS}
 

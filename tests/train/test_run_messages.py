@@ -85,3 +85,17 @@ def test_the_eta_after_a_resume_comes_from_the_pace_since_then(monkeypatch):
     trainer.step, clock["now"] = 15, 103.0
     display.on_log(trainer, {"loss": 0.5, "lr": 1e-3, "samples_per_s": 100.0, "data_wait_fraction": 0.0})
     assert "eta 15s" in out.getvalue()
+
+
+def test_the_outcome_lines_that_hold_a_path_are_never_cut(monkeypatch, tmp_path):
+    """A narrow terminal wrapped "run directory:" away from its path (issue 35, the stop message's annoyance)."""
+    import importlib
+
+    app = importlib.import_module("trainwise.cli.app")  # the module (the package exports the Typer app by this name)
+    out = io.StringIO()
+    monkeypatch.setattr(app, "console", Console(file=out, width=40))
+    run = tmp_path / "a-rather-long-directory-name" / "run"
+    app._print_outcome({"status": "stopped", "steps": 3,
+                        "message": f"stopped by SIGINT. Continue with: trainwise resume {run}"}, run)
+    lines = out.getvalue().splitlines()
+    assert f"run directory: {run}" in lines and any(line.endswith(f"trainwise resume {run}") for line in lines)

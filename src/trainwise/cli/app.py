@@ -329,7 +329,7 @@ def _print_outcome(summary: dict, path: Path) -> None:
         console.print(line)
         if message:  # it ends with the command that continues the run: one line to copy, never cut by Rich
             console.print(message, soft_wrap=True, highlight=False)
-    console.print(f"run directory: {path}")
+    console.print(f"run directory: {path}", soft_wrap=True, highlight=False)  # a path to copy: never cut
 
 
 def _register_command_groups() -> None:

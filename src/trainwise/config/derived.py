@@ -62,20 +62,26 @@ DEFAULT_TEXT_SEQ_LEN = 256
 
 def text_sequence_length(seq_len: int | None, manifest: Mapping[str, Any]) -> int:
     """Tokens per training sequence over a prepared text dataset (its `manifest`): `seq_len` when set; unset,
-    the longest sample `prepare` kept for instruction data, else the context length `prepare` suggested for
-    the corpus (DEFAULT_TEXT_SEQ_LEN when the manifest names none)."""
+    for instruction data the longest sample `prepare` kept, rounded up to a multiple of 64 and at least the
+    suggested length, never past prepare's cut (`--seq-len`, 2,048 by default: a cut, not a length to pack
+    to; packing a few hundred short conversations at 2,048 left a handful of optimizer steps); else the
+    context length `prepare` suggested for the corpus (DEFAULT_TEXT_SEQ_LEN when the manifest names none)."""
     if seq_len is not None:
         return int(seq_len)
+    lengths = manifest.get("lengths") or {}
     instruct = manifest.get("instruct")
     if instruct:
-        return int(instruct["seq_len"])
-    return int((manifest.get("lengths") or {}).get("suggested_seq_len") or DEFAULT_TEXT_SEQ_LEN)
+        cut = int(instruct["seq_len"])
+        if not lengths.get("max"):  # an older manifest: its cut
+            return cut
+        return min(cut, max(int(lengths.get("suggested_seq_len") or 0), -(-int(lengths["max"]) // 64) * 64))
+    return int(lengths.get("suggested_seq_len") or DEFAULT_TEXT_SEQ_LEN)
 
 
 # The settings launch/'s resolve step decides when they say `auto` (or are unset): config.yaml records the
 # decision. A config that leaves one of them open asks for the same run as a recorded config that holds any value.
 RESOLVED_SETTINGS = (("data", "seq_len"), ("train", "precision"), ("train", "strategy"),
-                     ("train", "micro_batch_size"), ("model", "attention"))
+                     ("train", "micro_batch_size"), ("model", "attention"), ("model", "dtype"))
 
 
 def as_recorded(asked: dict[str, Any], recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,9 +67,13 @@ class ModelConfig(Section):
     trainable_blocks: int = Field(2, ge=0, description="method=freeze: how many of the last blocks train, with "
                                   "the output head.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="The LoRA adapters, when `method: lora`.")
-    dtype: Literal["fp32", "bf16"] = Field("fp32", description="Weight dtype: `fp32` master weights (mixed "
-                                           "precision comes from train.precision) or `bf16` (pure bf16 weights "
-                                           "and optimizer state: half the memory, less exact updates).")
+    dtype: Literal["auto", "fp32", "bf16"] = Field("fp32", description="Weight dtype: `fp32` master weights "
+                                                   "(mixed precision comes from train.precision), `bf16` (pure "
+                                                   "bf16 weights and optimizer state: half the memory, less exact "
+                                                   "updates) or `auto`: bf16 where the device computes bf16 "
+                                                   "natively (a CUDA card, Ampere or newer), fp32 elsewhere (on a "
+                                                   "CPU bf16 weights were no faster, often slower); the run "
+                                                   "records its choice.")
     master_weights: Literal["fp32", "none"] = Field("fp32", description="method=full with model.dtype=bf16: "
                                                     "`fp32` keeps the trained weights in fp32 (master weights) "
                                                     "and computes under bf16 autocast, so small updates are kept; "

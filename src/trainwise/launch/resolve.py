@@ -6,6 +6,8 @@ through here; the engine refuses a micro-batch left at `auto` (it does not impor
 - `data.seq_len` unset over a prepared text dataset: the length `trainwise prepare` suggested
   (config.derived.text_sequence_length); data that decides its length as it is built (the built-in corpus)
   has it recorded from the built data (`record_built_length`).
+- `model.dtype: auto` (the sft-lora recipe's frozen base): bf16 where the device computes it natively, fp32
+  elsewhere (runtime.precision.resolve_weight_dtype); decided before the precision, which depends on it.
 - `train.precision: auto`: what this device computes in (runtime.precision, and bf16 for fp32 master weights).
 - `train.strategy: auto`: `single` in one process, `ddp` for several CPU ranks; on several CUDA ranks the
   planner's choice for this card (plan/strategy.py: DDP where a replica fits, FSDP where only that fits).
@@ -33,7 +35,7 @@ from trainwise.config.derived import text_sequence_length
 from trainwise.data.bundle import DataBundle
 from trainwise.data.prepared import prepared_text_manifest
 from trainwise.runtime.device import resolve_device
-from trainwise.runtime.precision import resolve_precision
+from trainwise.runtime.precision import resolve_precision, resolve_weight_dtype
 from trainwise.train.parallel.distributed import Ranks, launched_ranks, resolve_strategy
 from trainwise.train.step.master_weights import computing_precision
 
@@ -71,7 +73,7 @@ def resolve_run(config: RunConfig) -> Resolution:
     ranks = launched_ranks()
     device = resolve_device(config.train.device, ranks.local_rank if ranks.enabled else None)
     resolution = Resolution(config)
-    for decide in (_sequence_length, _precision, _strategy):  # the micro-batch is planned with all of them
+    for decide in (_sequence_length, _weight_dtype, _precision, _strategy):  # the micro-batch is planned with all of them
         choice = decide(resolution.config, ranks, device)
         if choice is not None:
             resolution.config = with_setting(resolution.config, choice.key, choice.value)
@@ -104,9 +106,19 @@ def _sequence_length(config: RunConfig, ranks: Ranks, device: torch.device) -> C
     manifest = prepared_text_manifest(config.data) if config.data.seq_len is None else None
     if manifest is None:
         return None
-    why = ("the longest sample `trainwise prepare` kept" if manifest.get("instruct")
+    why = ("the longest sample `trainwise prepare` kept, to a multiple of 64" if manifest.get("instruct")
            else "the length `trainwise prepare` suggested for the corpus")
     return Choice("data.seq_len", text_sequence_length(None, manifest), why)
+
+
+def _weight_dtype(config: RunConfig, ranks: Ranks, device: torch.device) -> Choice | None:
+    if config.model.dtype != "auto":  # the user's (or the recipe's) own choice is kept
+        return None
+    dtype = resolve_weight_dtype("auto", device)
+    why = (f"auto on {device.type}: bf16 units" if dtype == "bf16" else
+           f"auto on {device.type}: bf16 weights are no faster here than fp32, often slower; model.dtype=bf16 "
+           "holds the base in half the memory")
+    return Choice("model.dtype", dtype, why)
 
 
 def _precision(config: RunConfig, ranks: Ranks, device: torch.device) -> Choice | None:

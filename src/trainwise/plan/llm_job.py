@@ -123,7 +123,8 @@ def language_model_job(config: RunConfig) -> LmJob:
                 micro_batch_size=None if train.micro_batch_size == "auto" else train.micro_batch,
                 method=model.method, trainable_blocks=model.trainable_blocks,
                 lora=methods.LoraSettings.from_config(model.lora),
-                dtype="fp32" if methods.holds_master_weights(model) else model.dtype,  # fp32 master weights
+                dtype="fp32" if methods.holds_master_weights(model)  # fp32 master weights; auto: a bf16 card's
+                else base_dtype(model.method) if model.dtype == "auto" else model.dtype,
                 precision=computed_precision(config, bf16_native=True),
                 precision_without_bf16=computed_precision(config, bf16_native=False),
                 optimizer="adamw" if config.optim.name == "adam" else config.optim.name,

@@ -66,7 +66,7 @@ def apply_language_model_settings(model: nn.Module, model_config: Any) -> nn.Mod
     """The built-in gpt under model.method, model.dtype and checkpointing (as a Hugging Face model gets)."""
     from trainwise.llm.methods import apply_model_config
 
-    if model_config.dtype == "bf16":
+    if _dtype(model_config) == "bfloat16":
         import torch
 
         model = model.to(torch.bfloat16)
@@ -74,7 +74,14 @@ def apply_language_model_settings(model: nn.Module, model_config: Any) -> nn.Mod
 
 
 def _dtype(model_config: Any) -> str:
-    return "bfloat16" if model_config.dtype == "bf16" else "float32"
+    """The weights' torch dtype name; `auto` (decided and recorded by a run's resolve step, open here for
+    lr-find and check) by the same rule, for the device this process would train on."""
+    import torch
+
+    from trainwise.runtime.precision import resolve_weight_dtype
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return "bfloat16" if resolve_weight_dtype(model_config.dtype, device) == "bf16" else "float32"
 
 
 def _config_fields(spec: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trainwise.config.derived import text_sequence_length
 from trainwise.data.prepare_options import held_out_file, test_file_note
 from trainwise.data.shards import SPLITS
 from trainwise.errors import DataError
@@ -197,7 +198,8 @@ def summary_lines(manifest: dict[str, Any]) -> list[str]:
         for low, high, count in lengths["histogram"]:
             lines.append(f"  {low:>7,}-{high - 1:<7,} {'#' * max(1 if count else 0, round(30 * count / widest)):<30} "
                          f"{count:,}")
-        lines.append(f"context length {lengths['seq_len']:,} (suggested {lengths['suggested_seq_len']:,}, set with "
+        lines.append(f"context length {lengths['seq_len']:,} (suggested {text_sequence_length(None, manifest):,}, "
+                     f"what train uses unless set with "
                      f"data.seq_len): {lengths['truncated_share']:.1%} of documents longer (cut into pieces), "
                      f"packing efficiency {lengths['packing_efficiency']:.1%} with whole documents")
     skipped = manifest.get("skipped", {})
