@@ -15,6 +15,33 @@ from trainwise.config import RunConfig, config_from_dict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# ---- the suite over several workers (`make test`: pytest-xdist, --dist loadscope) ----------------------------
+def pytest_configure(config):
+    """Each xdist worker gets its share of the cores. Left alone, torch in every worker (and in every
+    subprocess it starts) runs one thread per core: on 2 cores, 2 workers ran 4 spinning threads, and a matmul
+    took 4x as long with 2 threads as with 1 whenever the cores were busy. A user's OMP_NUM_THREADS is kept.
+
+    In the controller: scopes are handed out in the order collected (see pytest_collection_modifyitems), not
+    xdist's default of most tests first, which sent the one-test modules that take minutes (a real model, the
+    2-rank loops) last, so that one worker ran them while the other had nothing left."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))  # read by torch at import, and by subprocesses
+        if "torch" in sys.modules:  # imported already (by a plugin): told directly
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if getattr(config.option, "dist", "no") == "loadscope":
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules that hold a slow test first (in their collected order), the quick ones after them: the long
+    scopes start while the other worker has work, and the many short ones even out the end. A module's tests
+    stay together, so its module fixtures are made once."""
+    slow_modules = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow_modules)  # stable: the collected order otherwise
+
+
 def tiny_config(**sections) -> RunConfig:
     """breast-cancer MLP, a few dozen steps, no telemetry thread; sections override by merge."""
     raw = {
