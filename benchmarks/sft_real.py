@@ -21,7 +21,13 @@ own figure for its run is reported beside it (the first seed's).
 
 Each seed (default 0, 1, 2) trains both sides afresh on the same rows and split (the seed moves the adapters'
 initialisation, the data order and dropout): a few prompts in 123 can flip between seeds, so the result keeps every
-seed's figures and their spread, and judges the targets on the medians.
+seed's figures and their spread, and judges the targets on the medians. What else could part the two sides was
+checked equal (issue 35, after a run at 0.919 vs 0.951): the trained tokens (the answer, `<|im_end|>` and its
+newline; prompts -100), packs isolated (both pass position ids restarting per conversation, with no KV cache, so
+transformers builds the block-diagonal mask: without it a packed conversation's logits moved by up to 21),
+conversations never cut across packs, 224 packs of 128 each, the loss a token mean over the whole batch (no
+accumulation: micro-batch 4), AdamW (0.9, 0.999, 1e-8, no decay), the LR of step k at cosine progress (k-1)/60,
+peft's own LoRA initialisation on the same layers.
 
     python benchmarks/sft_real.py           # 3 seeds: ~45 min on 2 CPU cores (--seeds 0 for one: ~17 min)
     python benchmarks/sft_real.py --quick   # a few steps each: checks the plumbing, writes no result
