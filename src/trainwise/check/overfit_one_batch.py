@@ -3,8 +3,8 @@
 Any working model, loss and optimizer can memorise a single batch. If the loss does not fall, the wiring is
 broken: an output detached from the graph, a loss that does not depend on the labels, a learning rate of
 zero, frozen parameters. The probe runs the engine's own training step (train/step/train_step.py: the same loss,
-autocast, clipping and optimizer as `trainwise train`), on a copy of nothing: the caller gives it a fresh
-model.
+autocast, clipping and optimizer as `trainwise train`) on the caller's model itself, and copies only what can
+train (for adapters on a frozen base, a few MB), to tell whether any weight moved.
 """
 from __future__ import annotations
 
@@ -76,12 +76,14 @@ def overfit_one_batch(model: nn.Module, inputs: torch.Tensor | dict[str, torch.T
 
 
 def probe_step(step: "TrainStep", inputs: torch.Tensor | dict[str, torch.Tensor], targets: torch.Tensor | None,
-               *, steps: int = PROBE_STEPS, planned_steps: int | None = None, random_base: bool = False) -> Finding:
+               *, steps: int = PROBE_STEPS, planned_steps: int | None = None, random_base: bool = False,
+               before: dict[str, torch.Tensor] | None = None) -> Finding:
     """Train `step`'s model on one batch for `steps` steps; an info finding when the loss falls sharply, a
     warning when it falls slowly, an error when it does not fall or the step fails. `inputs` may be a token
     batch (a dict, `targets` None). The probe stops early when its time is up (`probe_budget_s` of a run of
     `planned_steps` micro-batch steps), and says it was too short to judge when fewer than MIN_STEPS fit.
-    `random_base`: the frozen base under the adapters was initialised at random, not trained (said if it fails)."""
+    `random_base`: the frozen base under the adapters was initialised at random, not trained (said if it fails).
+    `before`: the trainable weights as they were (`trainable_snapshot`), when the caller keeps a copy already."""
     model, optimizer, device = step.model, step.optimizer, step.device
     model.train()
     run_lr = optimizer.param_groups[0]["lr"]
@@ -91,8 +93,9 @@ def probe_step(step: "TrainStep", inputs: torch.Tensor | dict[str, torch.Tensor]
             group["lr"] = max(group["lr"], ADAPTER_PROBE_LR) if group["lr"] > 0 else 0.0
     batch = [inputs] if isinstance(inputs, dict) else [(inputs, targets)]
     rows = len(inputs["input_ids"]) if isinstance(inputs, dict) else len(inputs)
-    trained = [p for p in model.parameters() if p.requires_grad]  # a frozen base cannot move: not copied (its
-    before = [p.detach().clone() for p in trained]                 # copy was ~500 MiB on the peak of a 135M LoRA)
+    # what can move: the weights the optimizer trains (a frozen base cannot, and a copy of it is the model's
+    # size again: 500 MiB for a 135M-parameter base under a few MB of adapters)
+    before = trainable_snapshot(model) if before is None else before
     started = time.perf_counter()
     losses: list[float] = []
     norms: list[float] = []
@@ -110,9 +113,22 @@ def probe_step(step: "TrainStep", inputs: torch.Tensor | dict[str, torch.Tensor]
                        f"take {budget:.0f} s (10% of the planned run, at most {MAX_PROBE_S:.0f} s), too few steps to "
                        "judge whether the model learns. The run's own loss curve will show it.",
                        {"steps": len(losses), "rows": rows, "seconds": elapsed, "budget_s": budget})
-    moved = max((float((p.detach() - b).abs().max()) for p, b in zip(trained, before) if p.numel()), default=0.0)
+    moved = _largest_change(model, before)
     return _verdict(losses, norms, moved, rows=rows, lr=optimizer.param_groups[0]["lr"], seconds=elapsed,
                     run_lr=run_lr, adapters=adapters, random_base=adapters and random_base)
+
+
+def trainable_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the parameters that can train (requires_grad), by name: all a few steps can change."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _largest_change(model: nn.Module, before: dict[str, torch.Tensor]) -> float:
+    """The largest absolute change of any weight since `before`, one tensor at a time (no copy of the model)."""
+    with torch.no_grad():
+        changes = [float((p - before[name]).abs().max()) for name, p in model.named_parameters()
+                   if name in before and p.numel()]
+    return max(changes, default=0.0)
 
 
 def _train_steps(step, batch, steps: int, planned_steps: int | None, losses: list[float], norms: list[float],

@@ -19,7 +19,7 @@ import torch
 from trainwise.config import RunConfig
 from trainwise.findings import Finding, worst_first
 from trainwise.diagnose.sanity_data import SplitData, data_findings
-from trainwise.check.overfit_one_batch import probe_step
+from trainwise.check.overfit_one_batch import probe_step, trainable_snapshot
 
 # Rows read per split: enough to see the label distribution, a NaN or a duplicate of any built-in data set
 # whole, and a large prepared one in well under a second.
@@ -84,32 +84,34 @@ def _sanity_check(config: RunConfig, bundle: Any, built: Any = None) -> list[Fin
     if getattr(model, "counted", False):  # fitted by counting (the popularity baseline): nothing to memorise
         return worst_first(findings)
     device = resolve_device(config.train.device)
-    with weights_kept(model if built is not None else None):
+    with weights_kept(model, restore=built is not None) as before:
         # the run's own step (TrainStep.from_config), so what the probe finds is what training would meet
         step = TrainStep.from_config(model.to(device), config, task=spec.task, device=device,
                                      precision=resolve_precision(config.train.precision, device))
-        findings.append(probe_step(step, inputs, targets, planned_steps=config.train.total_steps(len(bundle.train))
-                                   * max(1, config.train.batch_size // rows),
-                                   random_base=config.model.hf is None and config.model.factory is None))
+        try:
+            findings.append(probe_step(step, inputs, targets, before=before, planned_steps=config.train.total_steps(
+                len(bundle.train)) * max(1, config.train.batch_size // rows),
+                random_base=config.model.hf is None and config.model.factory is None))
+        finally:  # the probe's optimizer moments (Adam: twice the trained weights) go now, not with the run's
+            step.optimizer.state.clear()
     elapsed = time.perf_counter() - started
     return worst_first([_timed(f, elapsed) if f.code.startswith("overfit_probe") else f for f in findings])
 
 
 @contextmanager
-def weights_kept(model: Any) -> Iterator[None]:
-    """The probe trains the run's own model for a few steps: its trainable weights and buffers (a copy of
-    those only: a frozen base cannot move) are put back afterwards, gradients cleared. None: nothing to keep."""
-    if model is None:
-        yield
-        return
-    kept = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+def weights_kept(model: Any, *, restore: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    """The probe trains the run's own model for a few steps: a copy of its trainable weights (only those: a frozen
+    base cannot move, and copying it would cost the model's size again) is yielded, for the probe to tell whether
+    they moved, and with the buffers put back afterwards, gradients cleared. `restore` False: a model built for
+    the check alone, thrown away after it (nothing put back, no buffers copied)."""
+    kept = trainable_snapshot(model)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if restore else {}
     try:
-        yield
+        yield kept
     finally:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name in kept:
+                if restore and name in kept:
                     p.copy_(kept[name])
                 p.grad = None
             for name, b in model.named_buffers():
