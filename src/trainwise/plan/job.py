@@ -107,7 +107,9 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
     def build():
         return build_model(config, spec)
 
-    target_shape, vocabulary = sample_shapes(bundle.train, spec)
+    sample = bundle.train[0]  # read once: a text pack is built from its shard on each access
+    tokens = isinstance(sample, dict)
+    target_shape, vocabulary = sample_shapes(sample, spec)
 
     step = TrainingStep(
         build_model=build, input_shape=tuple(spec.input_shape), input_dtype=spec.input_dtype,
@@ -118,7 +120,7 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
         grad_clip_norm=train.grad_clip_norm, label_smoothing=train.label_smoothing, device_kind=device_kind,
         target_shape=target_shape, vocabulary_size=vocabulary,
         # the built-in gpt on text: token batches and the token loss, as trained
-        token_batches=isinstance(bundle.train[0], dict), host_document_lengths=isinstance(bundle.train[0], dict))
+        token_batches=tokens, host_document_lengths=tokens)
     num_train = spec.num_train or len(bundle.train)
     steps_per_epoch = train.steps_per_epoch(num_train)  # the trainer's count: a partial last batch never runs
     total = train.total_steps(num_train)
@@ -131,11 +133,11 @@ def job_from_config(config: RunConfig, device_kind: DeviceKind = "cuda",
                notes=tuple(notes), ranks=ranks)
 
 
-def sample_shapes(train, spec) -> tuple[tuple[int, ...], int | None]:
+def sample_shapes(sample, spec) -> tuple[tuple[int, ...], int | None]:
     """What one real training sample says that the spec does not: the shape of its target (a label per
     position for next-item recommenders and token models, one label otherwise), and for integer inputs
     the index range the step's fake batches may use (at least the sample's own ids)."""
-    sample = train[0]  # (inputs, target), or a token sample's dict (data/batch.py): labels per position
+    # `sample`: the training split's first, (inputs, target) or a token sample's dict (data/batch.py)
     inputs, target = (sample["input_ids"], sample["labels"]) if isinstance(sample, dict) else sample
     target_shape = tuple(torch.as_tensor(target).shape)
     vocabulary = None
